@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The cross-rank agreement check: before a collective, the ranks compare a 64-bit fingerprint of
+// what each passes (counts, sizes, dtypes) in one tiny all-reduce. Only when the fingerprints
+// differ do they exchange the full descriptions, so that every rank throws the same
+// mismatch_error naming the first difference, the ranks and both sides, instead of hanging or
+// reducing misaligned buffers.
+
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/collectives/all_gather.hpp>
+#include <boost/mpi/communicator.hpp>
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/vector.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+//! FNV-1a: a fingerprint that is the same on every rank for the same input, whatever the
+//! standard library (std::hash promises that only within one program).
+class fingerprint {
+public:
+  constexpr fingerprint& add(std::uint64_t value) noexcept {
+    for (int i = 0; i < 8; ++i) {
+      mix(static_cast<unsigned char>(value >> (8 * i)));
+    }
+    return *this;
+  }
+  constexpr fingerprint& add(std::string_view text) noexcept {
+    add(text.size());
+    for (char c : text) {
+      mix(static_cast<unsigned char>(c));
+    }
+    return *this;
+  }
+  constexpr std::uint64_t value() const noexcept { return state_; }
+
+private:
+  constexpr void mix(unsigned char byte) noexcept {
+    state_ ^= byte;
+    state_ *= 0x100000001b3ull;
+  }
+  std::uint64_t state_ = 0xcbf29ce484222325ull;
+};
+
+//! One item of what a rank passes to a collective: a label ("parameter 'fc1.w'", "tensor") and a
+//! description of what it is on this rank ("100 float32 elements").
+struct signature_entry {
+  std::string label;
+  std::string description;
+
+  template <class Archive>
+  void serialize(Archive& archive, unsigned) {
+    archive & label;
+    archive & description;
+  }
+};
+
+// Builds the message from every rank's full description: the first item on which some rank
+// differs from the lowest rank, with both sides.
+inline std::string describe_mismatch(std::string_view operation,
+                                     const std::vector<std::vector<signature_entry>>& all) {
+  const auto& reference = all.front();
+  std::string message = "cohort: " + std::string(operation) + ": the ranks disagree: ";
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const auto& other = all[r];
+    const std::size_t common = std::min(reference.size(), other.size());
+    for (std::size_t i = 0; i < common; ++i) {
+      if (reference[i].label != other[i].label ||
+          reference[i].description != other[i].description) {
+        return message + reference[i].label + " (#" + std::to_string(i) + ") has " +
+               reference[i].description + " on rank 0 but " +
+               (reference[i].label == other[i].label ? std::string()
+                                                     : other[i].label + " (#" +
+                                                           std::to_string(i) + ") has ") +
+               other[i].description + " on rank " + std::to_string(r);
+      }
+    }
+    if (reference.size() != other.size()) {
+      return message + "rank 0 passes " + std::to_string(reference.size()) +
+             " items but rank " + std::to_string(r) + " passes " + std::to_string(other.size());
+    }
+  }
+  return message + "their fingerprints differ but their descriptions do not";
+}
+
+//! Checks that every rank of `comm` passed the same thing. `hash` is this rank's fingerprint;
+//! `describe()` gives its full description and is called only when the fingerprints differ.
+//! Throws `mismatch_error` on every rank when they do.
+template <class Describe>
+void require_agreement(const boost::mpi::communicator& comm, std::string_view operation,
+                       std::uint64_t hash, Describe&& describe) {
+  if (comm.size() == 1) {
+    return;
+  }
+  // max(h) and max(~h) = ~min(h) in one all-reduce: they are equal on every rank exactly when
+  // every rank passed the same h.
+  std::uint64_t bounds[2] = {hash, ~hash};
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_UINT64_T, MPI_MAX, comm),
+             "MPI_Allreduce (agreement check)", comm);
+  if (bounds[0] == ~bounds[1]) {
+    return;
+  }
+  std::vector<std::vector<signature_entry>> all;
+  mpi::translate("all_gather (agreement check)", comm,
+                 [&] { boost::mpi::all_gather(comm, describe(), all); });
+  throw mismatch_error(describe_mismatch(operation, all));
+}
+
+//! "N dtype elements", the description of a tensor in messages.
+inline std::string describe_tensor(std::size_t count, dtype type) {
+  return std::to_string(count) + " " + std::string(to_string(type)) + " elements";
+}
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

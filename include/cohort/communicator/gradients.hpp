@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// How a communicator reads a parameter set: each parameter's gradient becomes a type-erased
+// slot, missing gradients are zero-filled or reported, and the ranks agree on the layout before
+// any buffer is reduced.
+
+#include <cohort/communicator/agreement.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/parameter.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+
+#include <boost/mpi/communicator.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! What to do with a parameter that has no gradient this step (an unused layer, say).
+enum class missing_grad {
+  report,   //!< throw `invalid_argument` naming the parameter, on every rank
+  zero_fill //!< give it a zero gradient (resizing the gradient tensor), then reduce as usual
+};
+
+//! Options of one gradient synchronisation.
+struct grad_sync_options {
+  missing_grad missing = missing_grad::report;
+};
+
+namespace detail {
+
+enum class slot_state : unsigned char { ok, missing, wrong_size };
+
+//! One parameter's gradient, type-erased.
+struct grad_slot {
+  std::string_view name;
+  tensor_view grad;
+  std::size_t value_count = 0;
+  slot_state state = slot_state::ok;
+};
+
+template <parameter P>
+void collect_one(P& p, missing_grad missing, std::vector<grad_slot>& slots) {
+  using traits = parameter_traits<std::remove_cvref_t<P>>;
+  grad_slot slot;
+  slot.name = traits::name(p);
+  slot.value_count = tensor_size(traits::value(p));
+  auto* g = traits::grad(p);
+  const bool absent = g == nullptr || (tensor_size(*g) == 0 && slot.value_count != 0);
+  if (absent && g != nullptr && missing == missing_grad::zero_fill) {
+    using grad_type = std::remove_pointer_t<decltype(g)>;
+    if constexpr (resizable_tensor<grad_type>) {
+      traits_of<grad_type>::resize(*g, slot.value_count);
+    }
+  }
+  if (g == nullptr || (tensor_size(*g) == 0 && slot.value_count != 0)) {
+    slot.state = slot_state::missing;
+  } else {
+    slot.grad = make_view(*g, slot.name.empty() ? std::string_view("gradient") : slot.name);
+    if (slot.grad.count != slot.value_count) {
+      slot.state = slot_state::wrong_size;
+    }
+  }
+  slots.push_back(slot);
+}
+
+//! Reads a parameter set into `slots` (whose capacity is reused from step to step).
+template <parameter_set Params>
+void collect_gradients(Params& params, missing_grad missing, std::vector<grad_slot>& slots) {
+  slots.clear();
+  for (auto& p : params) {
+    collect_one(p, missing, slots);
+  }
+}
+
+inline std::string slot_label(const grad_slot& slot) {
+  return "parameter '" + std::string(slot.name) + "'";
+}
+
+inline std::string slot_description(const grad_slot& slot) {
+  switch (slot.state) {
+  case slot_state::missing:
+    return "no gradient (value of " + std::to_string(slot.value_count) + " elements)";
+  case slot_state::wrong_size:
+    return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type) +
+           " for a value of " + std::to_string(slot.value_count) + " elements";
+  case slot_state::ok: break;
+  }
+  return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type);
+}
+
+inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
+  fingerprint f;
+  f.add(slots.size());
+  for (const auto& slot : slots) {
+    f.add(slot.name)
+        .add(slot.value_count)
+        .add(static_cast<std::uint64_t>(slot.state))
+        .add(slot.grad.count)
+        .add(static_cast<std::uint64_t>(slot.grad.type));
+  }
+  return f.value();
+}
+
+//! Checks that every rank has the same gradient layout (if `check`), then that it is usable.
+//! With the check on, a local problem is found on every rank at once, so every rank throws.
+inline void validate_gradients(const boost::mpi::communicator& comm, std::string_view operation,
+                               std::span<const grad_slot> slots, bool check) {
+  if (check) {
+    require_agreement(comm, operation, slots_fingerprint(slots), [&] {
+      std::vector<signature_entry> entries;
+      entries.reserve(slots.size());
+      for (const auto& slot : slots) {
+        entries.push_back({slot_label(slot), slot_description(slot)});
+      }
+      return entries;
+    });
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const auto& slot = slots[i];
+    if (slot.state == slot_state::ok) {
+      continue;
+    }
+    std::string message = "cohort: " + std::string(operation) + ": " + slot_label(slot) + " (#" +
+                          std::to_string(i) + ") on rank " + std::to_string(comm.rank()) +
+                          " has " + slot_description(slot);
+    if (slot.state == slot_state::missing) {
+      message += "; pass missing_grad::zero_fill to reduce a zero gradient for it (its gradient "
+                 "tensor must then be resizable)";
+    }
+    throw invalid_argument(message);
+  }
+}
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,453 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What every MPI-based strategy shares: the topology, the tensor and object collectives, the
+// parameter broadcast and the front door of allreduce_grad. A strategy derives from
+// mpi_communicator<Strategy> (CRTP: no virtual call) and supplies only how gradients are reduced,
+// `reduce_gradients(std::span<const detail::grad_slot>, const Reducer&)`.
+
+#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/grad_reduction.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/communicator/topology.hpp>
+#include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
+#include <cohort/error.hpp>
+#include <cohort/kernels/host.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/parameter.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/collectives.hpp>
+#include <boost/mpi/communicator.hpp>
+#include <boost/mpi/environment.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+namespace detail {
+template <class T>
+constexpr bool may_live_on_host() {
+  if constexpr (statically_located_tensor<T>) {
+    return traits_of<T>::location != memory_location::device;
+  } else {
+    return true;
+  }
+}
+} // namespace detail
+
+//! A tensor that may be in host memory: any tensor but one whose type says it lives on the
+//! device. Host-only strategies take these, so device memory fails to compile where it can.
+template <class T>
+concept host_tensor = tensor<T> && detail::may_live_on_host<T>();
+
+template <class Strategy>
+class mpi_communicator {
+public:
+  //! Builds the communicator over a duplicate of `comm` (so that cohort's messages never match
+  //! the user's), and works out the topology. Collective over `comm`.
+  explicit mpi_communicator(const boost::mpi::communicator& comm,
+                            communicator_options options = {})
+      : comm_(checked_duplicate(comm))
+      , options_(options)
+      , layout_(discover_topology(comm_, options.simulated_ranks_per_node)) {}
+
+  int rank() const noexcept { return layout_.topo.rank; }
+  int size() const noexcept { return layout_.topo.size; }
+  int intra_rank() const noexcept { return layout_.topo.intra_rank; }
+  int intra_size() const noexcept { return layout_.topo.intra_size; }
+  int inter_rank() const noexcept { return layout_.topo.inter_rank; }
+  int inter_size() const noexcept { return layout_.topo.inter_size; }
+  const cohort::topology& topology() const noexcept { return layout_.topo; }
+
+  //! The Boost.MPI communicator underneath (cohort's duplicate), for the user's own MPI calls.
+  const boost::mpi::communicator& mpi_comm() const noexcept { return comm_; }
+  //! The ranks of this node, and the ranks with the same intra_rank across nodes.
+  const boost::mpi::communicator& intra_comm() const noexcept { return layout_.intra; }
+  const boost::mpi::communicator& inter_comm() const noexcept { return layout_.inter; }
+  const communicator_options& options() const noexcept { return options_; }
+
+  //! A communicator of the same strategy over the ranks that pass the same `color` (>= 0),
+  //! ordered by `key`. Collective. The options are kept (ChainerMN's split lost them).
+  Strategy split(int color, int key) const {
+    detail::operation_scope scope("split");
+    if (color < 0) {
+      throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
+                             ": color must be >= 0, not " + std::to_string(color));
+    }
+    MPI_Comm part = MPI_COMM_NULL;
+    mpi::check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split", comm_);
+    const boost::mpi::communicator adopted = detail::adopt(part);
+    return Strategy(adopted, options_);
+  }
+
+  void barrier() const {
+    detail::operation_scope scope("barrier");
+    mpi::check(MPI_Barrier(comm_), "MPI_Barrier", comm_);
+  }
+
+  // ---- tensor collectives ------------------------------------------------------------------
+
+  //! Reduces `t` over all ranks, in place.
+  template <writable_tensor T>
+    requires host_tensor<T>
+  void allreduce(T& t, reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("allreduce");
+    const tensor_view v = host_view(t, "allreduce");
+    agree("allreduce", v.count, v.type, static_cast<int>(op), "op");
+    mpi::allreduce(comm_, v, op);
+  }
+
+  //! Non-blocking `allreduce`: `t` must not be touched until the request is waited on.
+  template <writable_tensor T>
+    requires host_tensor<T>
+  mpi::request iallreduce(T& t, reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("iallreduce");
+    const tensor_view v = host_view(t, "iallreduce");
+    agree("iallreduce", v.count, v.type, static_cast<int>(op), "op");
+    return mpi::iallreduce(comm_, v, op);
+  }
+
+  //! Copies `t` from `root` to every rank.
+  template <writable_tensor T>
+    requires host_tensor<T>
+  void broadcast(T& t, int root = 0) {
+    detail::operation_scope scope("broadcast");
+    const tensor_view v = host_view(t, "broadcast");
+    check_root(root, "broadcast");
+    agree("broadcast", v.count, v.type, root, "root");
+    mpi::broadcast(comm_, v, root);
+  }
+
+  //! Non-blocking `broadcast`.
+  template <writable_tensor T>
+    requires host_tensor<T>
+  mpi::request ibroadcast(T& t, int root = 0) {
+    detail::operation_scope scope("ibroadcast");
+    const tensor_view v = host_view(t, "ibroadcast");
+    check_root(root, "ibroadcast");
+    agree("ibroadcast", v.count, v.type, root, "root");
+    return mpi::ibroadcast(comm_, v, root);
+  }
+
+  //! Gathers every rank's `in` into `out` (size() * in's size elements, rank r's at r * n).
+  template <tensor In, writable_tensor Out>
+    requires host_tensor<In> && host_tensor<Out>
+  void allgather(const In& in, Out& out) {
+    detail::operation_scope scope("allgather");
+    const const_tensor_view i = host_const_view(in, "allgather");
+    const tensor_view o = host_view(out, "allgather");
+    check_blocks(i, o, "allgather");
+    mpi::allgather(comm_, i, o);
+  }
+
+  //! Non-blocking `allgather`.
+  template <tensor In, writable_tensor Out>
+    requires host_tensor<In> && host_tensor<Out>
+  mpi::request iallgather(const In& in, Out& out) {
+    detail::operation_scope scope("iallgather");
+    const const_tensor_view i = host_const_view(in, "iallgather");
+    const tensor_view o = host_view(out, "iallgather");
+    check_blocks(i, o, "iallgather");
+    return mpi::iallgather(comm_, i, o);
+  }
+
+  //! Reduces `in` (size() * n elements) over all ranks; rank r gets block r in `out` (n).
+  template <tensor In, writable_tensor Out>
+    requires host_tensor<In> && host_tensor<Out>
+  void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("reduce_scatter");
+    const const_tensor_view i = host_const_view(in, "reduce_scatter");
+    const tensor_view o = host_view(out, "reduce_scatter");
+    check_blocks(o, i, "reduce_scatter");
+    mpi::reduce_scatter(comm_, i, o, op);
+  }
+
+  //! Sends `t` to `dest`.
+  template <tensor T>
+    requires host_tensor<T>
+  void send(const T& t, int dest, int tag = 0) {
+    detail::operation_scope scope("send");
+    check_peer(dest, "send");
+    mpi::send(comm_, host_const_view(t, "send"), dest, tag);
+  }
+
+  //! Non-blocking `send`.
+  template <tensor T>
+    requires host_tensor<T>
+  mpi::request isend(const T& t, int dest, int tag = 0) {
+    detail::operation_scope scope("isend");
+    check_peer(dest, "isend");
+    return mpi::isend(comm_, host_const_view(t, "isend"), dest, tag);
+  }
+
+  //! Receives into `t` from `source`; a message of another size throws and stays queued.
+  template <writable_tensor T>
+    requires host_tensor<T>
+  void recv(T& t, int source, int tag = 0) {
+    detail::operation_scope scope("recv");
+    check_peer(source, "recv");
+    mpi::recv(comm_, host_view(t, "recv"), source, tag);
+  }
+
+  //! Non-blocking `recv`.
+  template <writable_tensor T>
+    requires host_tensor<T>
+  mpi::request irecv(T& t, int source, int tag = 0) {
+    detail::operation_scope scope("irecv");
+    check_peer(source, "irecv");
+    return mpi::irecv(comm_, host_view(t, "irecv"), source, tag);
+  }
+
+  // ---- object collectives (Boost.Serialization) ----------------------------------------------
+
+  //! Returns `root`'s `obj` on every rank.
+  template <class T>
+  T bcast_obj(const T& obj, int root = 0) {
+    detail::operation_scope scope("bcast_obj");
+    check_root(root, "bcast_obj");
+    agree_root("bcast_obj", root);
+    T value = rank() == root ? obj : T{};
+    mpi::translate("bcast_obj", comm_, [&] { boost::mpi::broadcast(comm_, value, root); });
+    return value;
+  }
+
+  //! Every rank's `obj` at `root`, in rank order; an empty vector elsewhere.
+  template <class T>
+  std::vector<T> gather_obj(const T& obj, int root = 0) {
+    detail::operation_scope scope("gather_obj");
+    check_root(root, "gather_obj");
+    agree_root("gather_obj", root);
+    std::vector<T> all;
+    mpi::translate("gather_obj", comm_, [&] { boost::mpi::gather(comm_, obj, all, root); });
+    return all;
+  }
+
+  //! Every rank's `obj` on every rank, in rank order.
+  template <class T>
+  std::vector<T> allgather_obj(const T& obj) {
+    detail::operation_scope scope("allgather_obj");
+    std::vector<T> all;
+    mpi::translate("allgather_obj", comm_, [&] { boost::mpi::all_gather(comm_, obj, all); });
+    return all;
+  }
+
+  //! Combines every rank's `obj` with `op` (by default `+`), on every rank.
+  template <class T, class Op = std::plus<T>>
+  T allreduce_obj(const T& obj, Op op = {}) {
+    detail::operation_scope scope("allreduce_obj");
+    T result{};
+    mpi::translate("allreduce_obj", comm_,
+                   [&] { boost::mpi::all_reduce(comm_, obj, result, op); });
+    return result;
+  }
+
+  template <class T>
+  void send_obj(const T& obj, int dest, int tag = 0) {
+    detail::operation_scope scope("send_obj");
+    check_peer(dest, "send_obj");
+    mpi::translate("send_obj", comm_, [&] { comm_.send(dest, tag, obj); });
+  }
+
+  template <class T>
+  T recv_obj(int source, int tag = 0) {
+    detail::operation_scope scope("recv_obj");
+    check_peer(source, "recv_obj");
+    T obj{};
+    mpi::translate("recv_obj", comm_, [&] { comm_.recv(source, tag, obj); });
+    return obj;
+  }
+
+  // ---- parameters --------------------------------------------------------------------------
+
+  //! Copies every parameter's value from `root` to every rank, packed into one message. The ranks
+  //! first agree on the layout (names, sizes, dtypes) if the agreement check is on.
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    detail::operation_scope scope("broadcast_parameters");
+    check_root(root, "broadcast_parameters");
+    std::vector<const_tensor_view> as_bytes;
+    std::vector<detail::signature_entry> described;
+    detail::fingerprint f;
+    f.add(static_cast<std::uint64_t>(root));
+    for (auto& p : params) {
+      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+      const std::string_view name = traits::name(p);
+      const tensor_view v = host_view(traits::value(p), name.empty() ? "parameter" : name);
+      f.add(name).add(v.count).add(static_cast<std::uint64_t>(v.type));
+      described.push_back({"parameter '" + std::string(name) + "'",
+                           "a value of " + detail::describe_tensor(v.count, v.type)});
+      as_bytes.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
+    }
+    if (options_.check_agreement) {
+      detail::require_agreement(comm_, "broadcast_parameters", f.value(),
+                                [&] { return described; });
+    }
+    std::vector<std::byte> buffer(kernels::host::packed_count(as_bytes));
+    const tensor_view packed{buffer.data(), buffer.size(), dtype::uint8, memory_location::host};
+    if (rank() == root) {
+      kernels::host::pack(as_bytes, packed);
+    }
+    mpi::broadcast(comm_, packed, root);
+    if (rank() != root) {
+      std::vector<tensor_view> targets;
+      targets.reserve(as_bytes.size());
+      for (const auto& b : as_bytes) {
+        targets.push_back({const_cast<void*>(b.data), b.count, b.type, b.location});
+      }
+      kernels::host::unpack(packed, targets);
+    }
+  }
+
+  //! Reduces every parameter's gradient over all ranks as `reducer` says (for `mean`: the
+  //! average), in place. Before anything is reduced, the ranks agree on the layout (if the check
+  //! is on); a parameter without a gradient is reported or zero-filled as `options` says.
+  template <parameter_set Params, reducer Reducer>
+  void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
+    detail::operation_scope scope("allreduce_grad");
+    detail::collect_gradients(params, options.missing, slots_);
+    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement);
+    for (const auto& slot : slots_) {
+      require_host(slot.grad.location, "allreduce_grad");
+    }
+    static_cast<Strategy&>(*this).reduce_gradients(std::span<const detail::grad_slot>(slots_),
+                                                   reducer);
+  }
+
+protected:
+  void require_host(memory_location location, std::string_view operation) const {
+    if (location == memory_location::device) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) +
+                             ": this strategy reduces host memory only, and the tensor is in "
+                             "device memory (use pure_nccl or host_staged)");
+    }
+  }
+
+private:
+  static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
+    if (!boost::mpi::environment::initialized() || boost::mpi::environment::finalized()) {
+      throw error("cohort: MPI is not running: create a boost::mpi::environment before a "
+                  "cohort communicator, and keep it alive while the communicator is used");
+    }
+    MPI_Comm duplicate = MPI_COMM_NULL;
+    mpi::check(MPI_Comm_dup(comm, &duplicate), "MPI_Comm_dup", comm);
+    return detail::adopt(duplicate);
+  }
+
+  template <class T>
+  tensor_view host_view(T& t, std::string_view what) const {
+    const tensor_view v = make_view(t, what);
+    require_host(v.location, what);
+    return v;
+  }
+  template <class T>
+  const_tensor_view host_const_view(const T& t, std::string_view what) const {
+    const const_tensor_view v = make_const_view(t, what);
+    require_host(v.location, what);
+    return v;
+  }
+
+  // `block` holds n elements and `whole` size() * n, of the same dtype; the ranks agree on n.
+  void check_blocks(const_tensor_view block, const_tensor_view whole, std::string_view operation) {
+    const std::size_t expected = block.count * static_cast<std::size_t>(size());
+    if (block.type != whole.type) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) + ": the per-rank tensor is " +
+                             std::string(to_string(block.type)) + " but the " +
+                             std::to_string(size()) + "-rank tensor is " +
+                             std::string(to_string(whole.type)));
+    }
+    if (whole.count != expected) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) + ": the per-rank tensor has " +
+                             std::to_string(block.count) + " elements, so the " +
+                             std::to_string(size()) + "-rank tensor needs " +
+                             std::to_string(expected) + ", but it has " +
+                             std::to_string(whole.count));
+    }
+    agree(operation, block.count, block.type, 0, "");
+  }
+
+  void check_root(int root, std::string_view operation) const {
+    if (root < 0 || root >= size()) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) + ": root " + std::to_string(root) +
+                             " is not a rank of this " + std::to_string(size()) +
+                             "-rank communicator");
+    }
+  }
+  void check_peer(int peer, std::string_view operation) const {
+    if (peer < 0 || peer >= size()) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) + ": peer " + std::to_string(peer) +
+                             " is not a rank of this " + std::to_string(size()) +
+                             "-rank communicator");
+    }
+  }
+
+  void agree(std::string_view operation, std::size_t count, dtype type, int detail_value,
+             std::string_view detail_name) {
+    if (!options_.check_agreement) {
+      return;
+    }
+    detail::fingerprint f;
+    f.add(operation).add(count).add(static_cast<std::uint64_t>(type));
+    f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(detail_value)));
+    detail::require_agreement(comm_, operation, f.value(), [&] {
+      std::string described = detail::describe_tensor(count, type);
+      if (!detail_name.empty()) {
+        described += " (" + std::string(detail_name) + " " +
+                     (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(
+                                                detail_value)))
+                                          : std::to_string(detail_value)) +
+                     ")";
+      }
+      return std::vector<detail::signature_entry>{{"the tensor", described}};
+    });
+  }
+
+  void agree_root(std::string_view operation, int root) {
+    if (!options_.check_agreement) {
+      return;
+    }
+    detail::fingerprint f;
+    f.add(operation).add(static_cast<std::uint64_t>(root));
+    detail::require_agreement(comm_, operation, f.value(), [&] {
+      return std::vector<detail::signature_entry>{{"the root", std::to_string(root)}};
+    });
+  }
+
+  boost::mpi::communicator comm_;
+  communicator_options options_;
+  node_layout layout_;
+  std::vector<detail::grad_slot> slots_;
+};
+
+//! A communicator of strategy `Strategy` over all the processes (`MPI_COMM_WORLD`). Collective.
+template <class Strategy>
+Strategy make_communicator(communicator_options options = {}) {
+  return Strategy(boost::mpi::communicator(), options);
+}
+
+//! A communicator of strategy `Strategy` over the processes of `comm`. Collective over `comm`.
+template <class Strategy>
+Strategy make_communicator(const boost::mpi::communicator& comm,
+                           communicator_options options = {}) {
+  return Strategy(comm, options);
+}
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

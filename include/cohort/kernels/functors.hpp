@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The per-element logic of every kernel, written once as __host__ __device__ functors: the CUDA
+// kernels and the host implementation (kernels/host.hpp) call the same code, so host tests
+// check what runs on the device.
+
+#include <cohort/config.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/bfloat16.hpp>
+#include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/float16.hpp>
+
+#include <type_traits>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace kernels {
+
+//! The type arithmetic on `T` is done in: float for the 16-bit floats (as the hardware does) and
+//! for float; double for double and the integers (exact for every int32, and for int64 up to
+//! 2^53).
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, float16> || std::is_same_v<T, bfloat16> ||
+                                         std::is_same_v<T, float>,
+                                     float, double>;
+
+//! Converts one element between element types, rounding to nearest even into fp16 and bf16.
+template <class To, class From>
+COHORT_HOST_DEVICE constexpr To convert(From value) noexcept {
+  if constexpr (std::is_same_v<To, From>) {
+    return value;
+  } else if constexpr (std::is_same_v<To, float16> || std::is_same_v<To, bfloat16>) {
+    return To(static_cast<float>(value));
+  } else if constexpr (std::is_same_v<From, float16> || std::is_same_v<From, bfloat16>) {
+    return static_cast<To>(static_cast<float>(value));
+  } else {
+    return static_cast<To>(value);
+  }
+}
+
+//! `out = To(in * factor)`: the cast-and-scale of pack, unpack and scale. A factor of one is the
+//! identity bit for bit (no rounding through the compute type when the types match).
+template <class From, class To>
+struct scale_cast {
+  using compute = std::conditional_t<(sizeof(compute_t<From>) > sizeof(compute_t<To>)),
+                                     compute_t<From>, compute_t<To>>;
+  compute factor;
+
+  COHORT_HOST_DEVICE constexpr To operator()(From in) const noexcept {
+    if (factor == compute(1)) {
+      return convert<To>(in);
+    }
+    return convert<To>(static_cast<compute>(convert<compute>(in) * factor));
+  }
+};
+
+//! The binary operation of a reduction, on the compute type of `T`.
+template <class T>
+struct combine {
+  reduce_op op;
+
+  COHORT_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
+    using C = compute_t<T>;
+    const C x = convert<C>(a);
+    const C y = convert<C>(b);
+    switch (op) {
+    case reduce_op::sum: return convert<T>(static_cast<C>(x + y));
+    case reduce_op::prod: return convert<T>(static_cast<C>(x * y));
+    case reduce_op::min: return convert<T>(y < x ? y : x);
+    case reduce_op::max: return convert<T>(x < y ? y : x);
+    }
+    return a;
+  }
+};
+
+} // namespace kernels
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cohort/config.hpp>
+#include <cohort/tensor/concepts.hpp>
+
+#include <concepts>
+#include <ranges>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! The customization point through which cohort sees one trainable parameter of a framework.
+//! Declared and not defined, like `tensor_traits`. A specialization `parameter_traits<P>`
+//! provides:
+//! - `static std::string_view name(const P&)`: a name for error messages (may be empty);
+//! - `static V& value(P&)`: the parameter's value, a writable tensor;
+//! - `static G* grad(P&)`: its gradient, a writable tensor, or `nullptr` when it has none. A
+//!   gradient with no elements while the value has some also counts as missing (this is how an
+//!   unused layer shows up in frameworks that allocate gradients lazily).
+template <class P>
+struct parameter_traits;
+
+//! A ready-made parameter for trainers that keep their weights in their own containers: a name
+//! and pointers to the value and the gradient (both owned by the trainer).
+template <tensor Value, tensor Grad = Value>
+struct parameter_ref {
+  std::string name;
+  Value* value = nullptr;
+  Grad* grad = nullptr;
+};
+
+template <class Value, class Grad>
+struct parameter_traits<parameter_ref<Value, Grad>> {
+  static std::string_view name(const parameter_ref<Value, Grad>& p) noexcept { return p.name; }
+  static Value& value(const parameter_ref<Value, Grad>& p) noexcept { return *p.value; }
+  static Grad* grad(const parameter_ref<Value, Grad>& p) noexcept { return p.grad; }
+};
+
+//! A type with a `parameter_traits` specialization whose value and gradient are writable tensors.
+template <class P>
+concept parameter = requires(std::remove_cvref_t<P>& p) {
+  { parameter_traits<std::remove_cvref_t<P>>::name(p) } -> std::convertible_to<std::string_view>;
+  requires writable_tensor<decltype(parameter_traits<std::remove_cvref_t<P>>::value(p))>;
+  requires std::is_pointer_v<decltype(parameter_traits<std::remove_cvref_t<P>>::grad(p))>;
+  requires writable_tensor<
+      std::remove_pointer_t<decltype(parameter_traits<std::remove_cvref_t<P>>::grad(p))>>;
+};
+
+//! A model's parameters: a forward range of `parameter`s, in the same order on every rank.
+template <class R>
+concept parameter_set = std::ranges::forward_range<R> && parameter<std::ranges::range_value_t<R>>;
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
