@@ -4,11 +4,20 @@
 //! Everything cohort offers for host code: include this in the trainer. GPU parts are in
 //! <cohort/cuda.hpp>, for translation units compiled by nvcc.
 
+#include <cohort/communicator/concepts.hpp>
+#include <cohort/communicator/dummy.hpp>
+#include <cohort/communicator/flat.hpp>
+#include <cohort/communicator/mpi_communicator.hpp>
+#include <cohort/communicator/naive.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
+#include <cohort/kernels/functors.hpp>
+#include <cohort/kernels/host.hpp>
 #include <cohort/reduce_op.hpp>
-#include <cohort/version.hpp>
-
+#include <cohort/reducer/mean.hpp>
+#include <cohort/reducer/sum.hpp>
 #include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
@@ -18,23 +27,8 @@
 #include <cohort/tensor/std.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/tensor/traits.hpp>
-
-#include <cohort/transport/mpi.hpp>
-
-#include <cohort/kernels/functors.hpp>
-#include <cohort/kernels/host.hpp>
-
-#include <cohort/communicator/concepts.hpp>
-#include <cohort/communicator/dummy.hpp>
-#include <cohort/communicator/flat.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
-#include <cohort/communicator/naive.hpp>
-#include <cohort/communicator/options.hpp>
-#include <cohort/communicator/topology.hpp>
-
-#include <cohort/reducer/mean.hpp>
-#include <cohort/reducer/sum.hpp>
-
 #include <cohort/training/distributed_optimizer.hpp>
 #include <cohort/training/evaluator.hpp>
 #include <cohort/training/scatter_dataset.hpp>
+#include <cohort/transport/mpi.hpp>
+#include <cohort/version.hpp>

@@ -13,10 +13,14 @@ enum class reduce_op { sum, prod, min, max };
 
 constexpr std::string_view to_string(reduce_op op) noexcept {
   switch (op) {
-  case reduce_op::sum: return "sum";
-  case reduce_op::prod: return "prod";
-  case reduce_op::min: return "min";
-  case reduce_op::max: return "max";
+  case reduce_op::sum:
+    return "sum";
+  case reduce_op::prod:
+    return "prod";
+  case reduce_op::min:
+    return "min";
+  case reduce_op::max:
+    return "max";
   }
   return "unknown";
 }

@@ -60,8 +60,8 @@ struct signature_entry {
 
   template <class Archive>
   void serialize(Archive& archive, unsigned) {
-    archive & label;
-    archive & description;
+    archive& label;
+    archive& description;
   }
 };
 
@@ -79,15 +79,15 @@ inline std::string describe_mismatch(std::string_view operation,
           reference[i].description != other[i].description) {
         return message + reference[i].label + " (#" + std::to_string(i) + ") has " +
                reference[i].description + " on rank 0 but " +
-               (reference[i].label == other[i].label ? std::string()
-                                                     : other[i].label + " (#" +
-                                                           std::to_string(i) + ") has ") +
+               (reference[i].label == other[i].label
+                    ? std::string()
+                    : other[i].label + " (#" + std::to_string(i) + ") has ") +
                other[i].description + " on rank " + std::to_string(r);
       }
     }
     if (reference.size() != other.size()) {
-      return message + "rank 0 passes " + std::to_string(reference.size()) +
-             " items but rank " + std::to_string(r) + " passes " + std::to_string(other.size());
+      return message + "rank 0 passes " + std::to_string(reference.size()) + " items but rank " +
+             std::to_string(r) + " passes " + std::to_string(other.size());
     }
   }
   return message + "their fingerprints differ but their descriptions do not";

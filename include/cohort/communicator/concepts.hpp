@@ -25,30 +25,29 @@ using parameters_archetype = std::vector<parameter_ref<std::vector<float>>>;
 //! A gradient-synchronisation strategy: topology, tensor and object collectives, and the
 //! multi-tensor `allreduce_grad`. `naive`, `flat` and `dummy` model it.
 template <class C>
-concept communicator =
-    std::move_constructible<C> &&
+concept communicator = std::move_constructible<C> &&
     requires(C& c, const C& cc, std::vector<float>& t, int i,
              detail::parameters_archetype& params) {
-      { cc.rank() } -> std::same_as<int>;
-      { cc.size() } -> std::same_as<int>;
-      { cc.intra_rank() } -> std::same_as<int>;
-      { cc.intra_size() } -> std::same_as<int>;
-      { cc.inter_rank() } -> std::same_as<int>;
-      { cc.inter_size() } -> std::same_as<int>;
-      c.allreduce(t, reduce_op::sum);
-      c.broadcast(t, i);
-      c.allgather(t, t);
-      c.send(t, i, i);
-      c.recv(t, i, i);
-      { c.bcast_obj(i, i) } -> std::same_as<int>;
-      { c.gather_obj(i, i) } -> std::same_as<std::vector<int>>;
-      { c.allreduce_obj(i) } -> std::same_as<int>;
-      c.send_obj(i, i, i);
-      { c.template recv_obj<int>(i, i) } -> std::same_as<int>;
-      { cc.split(i, i) } -> std::same_as<C>;
-      c.broadcast_parameters(params, i);
-      c.allreduce_grad(params, detail::reducer_archetype{}, grad_sync_options{});
-    };
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+  { cc.intra_rank() } -> std::same_as<int>;
+  { cc.intra_size() } -> std::same_as<int>;
+  { cc.inter_rank() } -> std::same_as<int>;
+  { cc.inter_size() } -> std::same_as<int>;
+  c.allreduce(t, reduce_op::sum);
+  c.broadcast(t, i);
+  c.allgather(t, t);
+  c.send(t, i, i);
+  c.recv(t, i, i);
+  { c.bcast_obj(i, i) } -> std::same_as<int>;
+  { c.gather_obj(i, i) } -> std::same_as<std::vector<int>>;
+  { c.allreduce_obj(i) } -> std::same_as<int>;
+  c.send_obj(i, i, i);
+  { c.template recv_obj<int>(i, i) } -> std::same_as<int>;
+  { cc.split(i, i) } -> std::same_as<C>;
+  c.broadcast_parameters(params, i);
+  c.allreduce_grad(params, detail::reducer_archetype{}, grad_sync_options{});
+};
 
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

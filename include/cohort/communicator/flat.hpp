@@ -29,8 +29,9 @@ private:
 
   template <reducer Reducer>
   void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
-    fused_.run(slots, reducer, size(),
-               [this](tensor_view packed, reduce_op op) { mpi::allreduce(mpi_comm(), packed, op); });
+    fused_.run(slots, reducer, size(), [this](tensor_view packed, reduce_op op) {
+      mpi::allreduce(mpi_comm(), packed, op);
+    });
   }
 
   detail::fused_reduction fused_;

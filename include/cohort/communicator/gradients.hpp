@@ -91,7 +91,8 @@ inline std::string slot_description(const grad_slot& slot) {
   case slot_state::wrong_size:
     return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type) +
            " for a value of " + std::to_string(slot.value_count) + " elements";
-  case slot_state::ok: break;
+  case slot_state::ok:
+    break;
   }
   return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type);
 }
@@ -129,8 +130,8 @@ inline void validate_gradients(const boost::mpi::communicator& comm, std::string
       continue;
     }
     std::string message = "cohort: " + std::string(operation) + ": " + slot_label(slot) + " (#" +
-                          std::to_string(i) + ") on rank " + std::to_string(comm.rank()) +
-                          " has " + slot_description(slot);
+                          std::to_string(i) + ") on rank " + std::to_string(comm.rank()) + " has " +
+                          slot_description(slot);
     if (slot.state == slot_state::missing) {
       message += "; pass missing_grad::zero_fill to reduce a zero gradient for it (its gradient "
                  "tensor must then be resizable)";

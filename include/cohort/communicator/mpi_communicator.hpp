@@ -58,8 +58,7 @@ class mpi_communicator {
 public:
   //! Builds the communicator over a duplicate of `comm` (so that cohort's messages never match
   //! the user's), and works out the topology. Collective over `comm`.
-  explicit mpi_communicator(const boost::mpi::communicator& comm,
-                            communicator_options options = {})
+  explicit mpi_communicator(const boost::mpi::communicator& comm, communicator_options options = {})
       : comm_(checked_duplicate(comm))
       , options_(options)
       , layout_(discover_topology(comm_, options.simulated_ranks_per_node)) {}
@@ -102,7 +101,7 @@ public:
 
   //! Reduces `t` over all ranks, in place.
   template <writable_tensor T>
-    requires host_tensor<T>
+  requires host_tensor<T>
   void allreduce(T& t, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("allreduce");
     const tensor_view v = host_view(t, "allreduce");
@@ -112,8 +111,7 @@ public:
 
   //! Non-blocking `allreduce`: `t` must not be touched until the request is waited on.
   template <writable_tensor T>
-    requires host_tensor<T>
-  mpi::request iallreduce(T& t, reduce_op op = reduce_op::sum) {
+  requires host_tensor<T> mpi::request iallreduce(T& t, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("iallreduce");
     const tensor_view v = host_view(t, "iallreduce");
     agree("iallreduce", v.count, v.type, static_cast<int>(op), "op");
@@ -122,7 +120,7 @@ public:
 
   //! Copies `t` from `root` to every rank.
   template <writable_tensor T>
-    requires host_tensor<T>
+  requires host_tensor<T>
   void broadcast(T& t, int root = 0) {
     detail::operation_scope scope("broadcast");
     const tensor_view v = host_view(t, "broadcast");
@@ -133,8 +131,7 @@ public:
 
   //! Non-blocking `broadcast`.
   template <writable_tensor T>
-    requires host_tensor<T>
-  mpi::request ibroadcast(T& t, int root = 0) {
+  requires host_tensor<T> mpi::request ibroadcast(T& t, int root = 0) {
     detail::operation_scope scope("ibroadcast");
     const tensor_view v = host_view(t, "ibroadcast");
     check_root(root, "ibroadcast");
@@ -144,7 +141,7 @@ public:
 
   //! Gathers every rank's `in` into `out` (size() * in's size elements, rank r's at r * n).
   template <tensor In, writable_tensor Out>
-    requires host_tensor<In> && host_tensor<Out>
+  requires host_tensor<In> && host_tensor<Out>
   void allgather(const In& in, Out& out) {
     detail::operation_scope scope("allgather");
     const const_tensor_view i = host_const_view(in, "allgather");
@@ -155,8 +152,7 @@ public:
 
   //! Non-blocking `allgather`.
   template <tensor In, writable_tensor Out>
-    requires host_tensor<In> && host_tensor<Out>
-  mpi::request iallgather(const In& in, Out& out) {
+  requires host_tensor<In> && host_tensor<Out> mpi::request iallgather(const In& in, Out& out) {
     detail::operation_scope scope("iallgather");
     const const_tensor_view i = host_const_view(in, "iallgather");
     const tensor_view o = host_view(out, "iallgather");
@@ -166,7 +162,7 @@ public:
 
   //! Reduces `in` (size() * n elements) over all ranks; rank r gets block r in `out` (n).
   template <tensor In, writable_tensor Out>
-    requires host_tensor<In> && host_tensor<Out>
+  requires host_tensor<In> && host_tensor<Out>
   void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("reduce_scatter");
     const const_tensor_view i = host_const_view(in, "reduce_scatter");
@@ -177,7 +173,7 @@ public:
 
   //! Sends `t` to `dest`.
   template <tensor T>
-    requires host_tensor<T>
+  requires host_tensor<T>
   void send(const T& t, int dest, int tag = 0) {
     detail::operation_scope scope("send");
     check_peer(dest, "send");
@@ -186,8 +182,7 @@ public:
 
   //! Non-blocking `send`.
   template <tensor T>
-    requires host_tensor<T>
-  mpi::request isend(const T& t, int dest, int tag = 0) {
+  requires host_tensor<T> mpi::request isend(const T& t, int dest, int tag = 0) {
     detail::operation_scope scope("isend");
     check_peer(dest, "isend");
     return mpi::isend(comm_, host_const_view(t, "isend"), dest, tag);
@@ -195,7 +190,7 @@ public:
 
   //! Receives into `t` from `source`; a message of another size throws and stays queued.
   template <writable_tensor T>
-    requires host_tensor<T>
+  requires host_tensor<T>
   void recv(T& t, int source, int tag = 0) {
     detail::operation_scope scope("recv");
     check_peer(source, "recv");
@@ -204,8 +199,7 @@ public:
 
   //! Non-blocking `recv`.
   template <writable_tensor T>
-    requires host_tensor<T>
-  mpi::request irecv(T& t, int source, int tag = 0) {
+  requires host_tensor<T> mpi::request irecv(T& t, int source, int tag = 0) {
     detail::operation_scope scope("irecv");
     check_peer(source, "irecv");
     return mpi::irecv(comm_, host_view(t, "irecv"), source, tag);
@@ -249,8 +243,7 @@ public:
   T allreduce_obj(const T& obj, Op op = {}) {
     detail::operation_scope scope("allreduce_obj");
     T result{};
-    mpi::translate("allreduce_obj", comm_,
-                   [&] { boost::mpi::all_reduce(comm_, obj, result, op); });
+    mpi::translate("allreduce_obj", comm_, [&] { boost::mpi::all_reduce(comm_, obj, result, op); });
     return result;
   }
 
@@ -364,19 +357,17 @@ private:
   void check_blocks(const_tensor_view block, const_tensor_view whole, std::string_view operation) {
     const std::size_t expected = block.count * static_cast<std::size_t>(size());
     if (block.type != whole.type) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) + ": the per-rank tensor is " +
-                             std::string(to_string(block.type)) + " but the " +
-                             std::to_string(size()) + "-rank tensor is " +
-                             std::string(to_string(whole.type)));
+      throw invalid_argument(
+          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
+          ": the per-rank tensor is " + std::string(to_string(block.type)) + " but the " +
+          std::to_string(size()) + "-rank tensor is " + std::string(to_string(whole.type)));
     }
     if (whole.count != expected) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) + ": the per-rank tensor has " +
-                             std::to_string(block.count) + " elements, so the " +
-                             std::to_string(size()) + "-rank tensor needs " +
-                             std::to_string(expected) + ", but it has " +
-                             std::to_string(whole.count));
+      throw invalid_argument(
+          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
+          ": the per-rank tensor has " + std::to_string(block.count) + " elements, so the " +
+          std::to_string(size()) + "-rank tensor needs " + std::to_string(expected) +
+          ", but it has " + std::to_string(whole.count));
     }
     agree(operation, block.count, block.type, 0, "");
   }
@@ -409,11 +400,11 @@ private:
     detail::require_agreement(comm_, operation, f.value(), [&] {
       std::string described = detail::describe_tensor(count, type);
       if (!detail_name.empty()) {
-        described += " (" + std::string(detail_name) + " " +
-                     (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(
-                                                detail_value)))
-                                          : std::to_string(detail_value)) +
-                     ")";
+        described +=
+            " (" + std::string(detail_name) + " " +
+            (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(detail_value)))
+                                 : std::to_string(detail_value)) +
+            ")";
       }
       return std::vector<detail::signature_entry>{{"the tensor", described}};
     });

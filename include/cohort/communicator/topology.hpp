@@ -39,8 +39,9 @@ struct node_layout {
 namespace detail {
 inline int ranks_per_node_override(int requested) {
   if (requested < 0) {
-    throw invalid_argument("cohort: simulated_ranks_per_node must be 0 (ask MPI) or positive, not " +
-                           std::to_string(requested));
+    throw invalid_argument(
+        "cohort: simulated_ranks_per_node must be 0 (ask MPI) or positive, not " +
+        std::to_string(requested));
   }
   if (requested > 0) {
     return requested;

@@ -40,7 +40,9 @@ COHORT_HOST_DEVICE constexpr To convert(From value) noexcept {
 }
 
 //! `out = To(in * factor)`: the cast-and-scale of pack, unpack and scale. A factor of one is the
-//! identity bit for bit (no rounding through the compute type when the types match).
+//! identity bit for bit (no rounding through the compute type when the types match). A scaled
+//! integer rounds to nearest (half away from zero), so that the mean of integers is not biased
+//! towards zero, and 9 * (1/3) is 3 even though 1/3 is not exact.
 template <class From, class To>
 struct scale_cast {
   using compute = std::conditional_t<(sizeof(compute_t<From>) > sizeof(compute_t<To>)),
@@ -51,7 +53,12 @@ struct scale_cast {
     if (factor == compute(1)) {
       return convert<To>(in);
     }
-    return convert<To>(static_cast<compute>(convert<compute>(in) * factor));
+    const compute scaled = convert<compute>(in) * factor;
+    if constexpr (std::is_integral_v<To>) {
+      return static_cast<To>(scaled < compute(0) ? scaled - compute(0.5) : scaled + compute(0.5));
+    } else {
+      return convert<To>(scaled);
+    }
   }
 };
 
@@ -65,10 +72,14 @@ struct combine {
     const C x = convert<C>(a);
     const C y = convert<C>(b);
     switch (op) {
-    case reduce_op::sum: return convert<T>(static_cast<C>(x + y));
-    case reduce_op::prod: return convert<T>(static_cast<C>(x * y));
-    case reduce_op::min: return convert<T>(y < x ? y : x);
-    case reduce_op::max: return convert<T>(x < y ? y : x);
+    case reduce_op::sum:
+      return convert<T>(static_cast<C>(x + y));
+    case reduce_op::prod:
+      return convert<T>(static_cast<C>(x * y));
+    case reduce_op::min:
+      return convert<T>(y < x ? y : x);
+    case reduce_op::max:
+      return convert<T>(x < y ? y : x);
     }
     return a;
   }

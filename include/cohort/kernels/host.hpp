@@ -43,8 +43,7 @@ inline void scale_cast_n(const void* src, dtype from, void* dst, dtype to, std::
   }
   visit(from, [&]<class From>(std::type_identity<From>) {
     visit(to, [&]<class To>(std::type_identity<To>) {
-      const scale_cast<From, To> f{
-          static_cast<typename scale_cast<From, To>::compute>(factor)};
+      const scale_cast<From, To> f{static_cast<typename scale_cast<From, To>::compute>(factor)};
       const auto* in = static_cast<const From*>(src);
       auto* out = static_cast<To*>(dst);
       for (std::size_t i = 0; i < count; ++i) {
@@ -100,8 +99,7 @@ inline void unpack(const_tensor_view buffer, std::span<const tensor_view> target
   std::size_t offset = 0;
   for (const auto& target : targets) {
     detail::require_host(target.location, "unpack");
-    detail::scale_cast_n(static_cast<const std::byte*>(buffer.data) +
-                             offset * size_of(buffer.type),
+    detail::scale_cast_n(static_cast<const std::byte*>(buffer.data) + offset * size_of(buffer.type),
                          buffer.type, target.data, target.type, target.count, factor);
     offset += target.count;
   }
@@ -131,8 +129,8 @@ inline void reduce(tensor_view inout, const_tensor_view in, reduce_op op) {
   if (inout.count != in.count || inout.type != in.type) {
     throw invalid_argument("cohort: reduce of " + std::to_string(in.count) + " " +
                            std::string(to_string(in.type)) + " elements into " +
-                           std::to_string(inout.count) + " " +
-                           std::string(to_string(inout.type)) + " elements");
+                           std::to_string(inout.count) + " " + std::string(to_string(inout.type)) +
+                           " elements");
   }
   visit(inout.type, [&]<class T>(std::type_identity<T>) {
     const combine<T> f{op};

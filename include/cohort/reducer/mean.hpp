@@ -12,7 +12,7 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! The average over ranks, in the gradient's own dtype. For float32 and float64 the sum comes
 //! first and the division last (the rounding of a plain sum). For float16 and bfloat16 the
 //! division comes first: a sum of n fp16 gradients can overflow 65504 where their mean would not
-//! (ChainerMN summed first). Integer gradients are summed, then divided (truncating).
+//! (ChainerMN summed first). Integer gradients are summed, then divided, rounding to nearest.
 struct mean {
   constexpr grad_reduction plan(dtype type, int ranks) const noexcept {
     const double inverse = 1.0 / static_cast<double>(ranks);

@@ -19,15 +19,15 @@ using traits_of = tensor_traits<std::remove_cvref_t<T>>;
 
 namespace detail {
 template <class T>
-using data_pointer_t =
-    decltype(traits_of<T>::data(std::declval<std::remove_reference_t<T>&>()));
+using data_pointer_t = decltype(traits_of<T>::data(std::declval<std::remove_reference_t<T>&>()));
 template <class T>
 using data_element_t = std::remove_cv_t<std::remove_pointer_t<data_pointer_t<T>>>;
 
 template <class T>
 concept has_static_dtype = element<data_element_t<T>>;
 template <class T>
-concept has_dynamic_dtype = std::same_as<data_element_t<T>, void> && requires(const T& t) {
+concept has_dynamic_dtype = std::same_as < data_element_t<T>,
+void > &&requires(const T& t) {
   { traits_of<T>::dtype_of(t) } -> std::same_as<dtype>;
 };
 
@@ -53,9 +53,10 @@ template <class T>
 concept tensor = requires(std::remove_reference_t<T>& t) {
   requires std::is_pointer_v<detail::data_pointer_t<T>>;
   { traits_of<T>::size(t) } -> std::convertible_to<std::size_t>;
-} && (detail::has_static_dtype<T> || detail::has_dynamic_dtype<T>) &&
-                 (detail::has_static_location<T> || detail::has_dynamic_location<T>) &&
-                 !detail::statically_non_contiguous<T>;
+}
+&&(detail::has_static_dtype<T> || detail::has_dynamic_dtype<T>)&&(
+    detail::has_static_location<T> ||
+    detail::has_dynamic_location<T>)&&!detail::statically_non_contiguous<T>;
 
 //! A tensor cohort may write into: its data pointer is not a pointer to const.
 template <class T>

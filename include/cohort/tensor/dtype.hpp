@@ -18,19 +18,26 @@ inline namespace COHORT_ABI_NAMESPACE {
 enum class dtype : std::uint8_t { float32, float64, float16, bfloat16, int32, int64, uint8 };
 
 //! Every dtype, in the order of the enum: for loops and tests that sweep them all.
-inline constexpr dtype all_dtypes[] = {dtype::float32, dtype::float64, dtype::float16,
-                                       dtype::bfloat16, dtype::int32,  dtype::int64,
+inline constexpr dtype all_dtypes[] = {dtype::float32,  dtype::float64, dtype::float16,
+                                       dtype::bfloat16, dtype::int32,   dtype::int64,
                                        dtype::uint8};
 
 constexpr std::string_view to_string(dtype type) noexcept {
   switch (type) {
-  case dtype::float32: return "float32";
-  case dtype::float64: return "float64";
-  case dtype::float16: return "float16";
-  case dtype::bfloat16: return "bfloat16";
-  case dtype::int32: return "int32";
-  case dtype::int64: return "int64";
-  case dtype::uint8: return "uint8";
+  case dtype::float32:
+    return "float32";
+  case dtype::float64:
+    return "float64";
+  case dtype::float16:
+    return "float16";
+  case dtype::bfloat16:
+    return "bfloat16";
+  case dtype::int32:
+    return "int32";
+  case dtype::int64:
+    return "int64";
+  case dtype::uint8:
+    return "uint8";
   }
   return "unknown";
 }
@@ -38,12 +45,16 @@ constexpr std::string_view to_string(dtype type) noexcept {
 constexpr std::size_t size_of(dtype type) noexcept {
   switch (type) {
   case dtype::float64:
-  case dtype::int64: return 8;
+  case dtype::int64:
+    return 8;
   case dtype::float32:
-  case dtype::int32: return 4;
+  case dtype::int32:
+    return 4;
   case dtype::float16:
-  case dtype::bfloat16: return 2;
-  case dtype::uint8: return 1;
+  case dtype::bfloat16:
+    return 2;
+  case dtype::uint8:
+    return 1;
   }
   return 0;
 }
@@ -74,7 +85,9 @@ struct dtype_of_impl<std::uint8_t> : std::integral_constant<dtype, dtype::uint8>
 
 //! An element type cohort knows: one of the C++ types behind a `dtype`.
 template <class T>
-concept element = requires { detail::dtype_of_impl<std::remove_cv_t<T>>::value; };
+concept element = requires {
+  detail::dtype_of_impl<std::remove_cv_t<T>>::value;
+};
 
 //! The dtype of an element type, at compile time.
 template <element T>
@@ -108,13 +121,20 @@ using element_type_of_t = typename detail::type_of_impl<D>::type;
 template <class F>
 constexpr decltype(auto) visit(dtype type, F&& f) {
   switch (type) {
-  case dtype::float32: return f(std::type_identity<float>{});
-  case dtype::float64: return f(std::type_identity<double>{});
-  case dtype::float16: return f(std::type_identity<float16>{});
-  case dtype::bfloat16: return f(std::type_identity<bfloat16>{});
-  case dtype::int32: return f(std::type_identity<std::int32_t>{});
-  case dtype::int64: return f(std::type_identity<std::int64_t>{});
-  case dtype::uint8: break;
+  case dtype::float32:
+    return f(std::type_identity<float>{});
+  case dtype::float64:
+    return f(std::type_identity<double>{});
+  case dtype::float16:
+    return f(std::type_identity<float16>{});
+  case dtype::bfloat16:
+    return f(std::type_identity<bfloat16>{});
+  case dtype::int32:
+    return f(std::type_identity<std::int32_t>{});
+  case dtype::int64:
+    return f(std::type_identity<std::int64_t>{});
+  case dtype::uint8:
+    break;
   }
   return f(std::type_identity<std::uint8_t>{});
 }

@@ -18,9 +18,12 @@ enum class memory_location {
 
 constexpr std::string_view to_string(memory_location location) noexcept {
   switch (location) {
-  case memory_location::host: return "host";
-  case memory_location::device: return "device";
-  case memory_location::managed: return "managed";
+  case memory_location::host:
+    return "host";
+  case memory_location::device:
+    return "device";
+  case memory_location::managed:
+    return "managed";
   }
   return "unknown";
 }

@@ -16,7 +16,9 @@ inline namespace COHORT_ABI_NAMESPACE {
 
 //! Anything that updates parameters from their gradients with `step()`.
 template <class O>
-concept optimizer = std::move_constructible<O> && requires(O& o) { o.step(); };
+concept optimizer = std::move_constructible<O> && requires(O& o) {
+  o.step();
+};
 
 //! Options of `distributed_optimizer`.
 struct distributed_optimizer_options {

@@ -118,10 +118,10 @@ struct shard_plan {
 
   template <class Archive>
   void serialize(Archive& archive, unsigned) {
-    archive & total;
-    archive & shuffle;
-    archive & seed;
-    archive & force_equal_length;
+    archive& total;
+    archive& shuffle;
+    archive& seed;
+    archive& force_equal_length;
   }
 };
 
@@ -130,9 +130,9 @@ shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_option
                          const char* operation, bool every_rank_knows_n) {
   if (options.root < 0 || options.root >= comm.size()) {
     throw invalid_argument(std::string("cohort: ") + operation + " on rank " +
-                           std::to_string(comm.rank()) + ": root " +
-                           std::to_string(options.root) + " is not a rank of this " +
-                           std::to_string(comm.size()) + "-rank communicator");
+                           std::to_string(comm.rank()) + ": root " + std::to_string(options.root) +
+                           " is not a rank of this " + std::to_string(comm.size()) +
+                           "-rank communicator");
   }
   if (every_rank_knows_n) {
     const auto all = comm.allgather_obj(static_cast<std::uint64_t>(n));
@@ -140,8 +140,9 @@ shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_option
       if (all[r] != all[static_cast<std::size_t>(options.root)]) {
         throw mismatch_error(std::string("cohort: ") + operation + ": the dataset has " +
                              std::to_string(all[static_cast<std::size_t>(options.root)]) +
-                             " examples on rank " + std::to_string(options.root) + " (the root) but " +
-                             std::to_string(all[r]) + " on rank " + std::to_string(r));
+                             " examples on rank " + std::to_string(options.root) +
+                             " (the root) but " + std::to_string(all[r]) + " on rank " +
+                             std::to_string(r));
       }
     }
   }

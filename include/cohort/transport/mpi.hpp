@@ -98,8 +98,7 @@ struct half_handles {
   half_handles() {
     check(MPI_Type_contiguous(2, MPI_BYTE, &float16_type), "MPI_Type_contiguous", MPI_COMM_WORLD);
     check(MPI_Type_commit(&float16_type), "MPI_Type_commit", MPI_COMM_WORLD);
-    check(MPI_Type_contiguous(2, MPI_BYTE, &bfloat16_type), "MPI_Type_contiguous",
-          MPI_COMM_WORLD);
+    check(MPI_Type_contiguous(2, MPI_BYTE, &bfloat16_type), "MPI_Type_contiguous", MPI_COMM_WORLD);
     check(MPI_Type_commit(&bfloat16_type), "MPI_Type_commit", MPI_COMM_WORLD);
     create<float16>(float16_ops);
     create<bfloat16>(bfloat16_ops);
@@ -120,19 +119,28 @@ inline const half_handles& halves() {
   return handles;
 }
 
-constexpr int op_index(reduce_op op) noexcept { return static_cast<int>(op); }
+constexpr int op_index(reduce_op op) noexcept {
+  return static_cast<int>(op);
+}
 } // namespace detail
 
 //! The MPI datatype of a dtype.
 inline MPI_Datatype datatype(dtype type) {
   switch (type) {
-  case dtype::float32: return MPI_FLOAT;
-  case dtype::float64: return MPI_DOUBLE;
-  case dtype::int32: return MPI_INT32_T;
-  case dtype::int64: return MPI_INT64_T;
-  case dtype::uint8: return MPI_UINT8_T;
-  case dtype::float16: return detail::halves().float16_type;
-  case dtype::bfloat16: return detail::halves().bfloat16_type;
+  case dtype::float32:
+    return MPI_FLOAT;
+  case dtype::float64:
+    return MPI_DOUBLE;
+  case dtype::int32:
+    return MPI_INT32_T;
+  case dtype::int64:
+    return MPI_INT64_T;
+  case dtype::uint8:
+    return MPI_UINT8_T;
+  case dtype::float16:
+    return detail::halves().float16_type;
+  case dtype::bfloat16:
+    return detail::halves().bfloat16_type;
   }
   throw invalid_argument("cohort: no MPI datatype for this dtype");
 }
@@ -146,10 +154,14 @@ inline MPI_Op op(reduce_op operation, dtype type) {
     return detail::halves().bfloat16_ops[detail::op_index(operation)];
   }
   switch (operation) {
-  case reduce_op::sum: return MPI_SUM;
-  case reduce_op::prod: return MPI_PROD;
-  case reduce_op::min: return MPI_MIN;
-  case reduce_op::max: return MPI_MAX;
+  case reduce_op::sum:
+    return MPI_SUM;
+  case reduce_op::prod:
+    return MPI_PROD;
+  case reduce_op::min:
+    return MPI_MIN;
+  case reduce_op::max:
+    return MPI_MAX;
   }
   throw invalid_argument("cohort: no MPI op for this reduction");
 }
@@ -166,7 +178,9 @@ inline void return_errors(MPI_Comm comm) {
 class request {
 public:
   request() = default;
-  request(MPI_Comm comm, std::string_view operation) : comm_(comm), operation_(operation) {}
+  request(MPI_Comm comm, std::string_view operation)
+      : comm_(comm)
+      , operation_(operation) {}
   request(request&& other) noexcept { swap(other); }
   request& operator=(request&& other) noexcept {
     request moved(std::move(other));
@@ -261,7 +275,9 @@ void for_each_chunk(std::size_t count, std::size_t element_size, F&& f) {
 inline const std::byte* bytes(const void* p, std::size_t offset) {
   return static_cast<const std::byte*>(p) + offset;
 }
-inline std::byte* bytes(void* p, std::size_t offset) { return static_cast<std::byte*>(p) + offset; }
+inline std::byte* bytes(void* p, std::size_t offset) {
+  return static_cast<std::byte*>(p) + offset;
+}
 } // namespace detail
 
 //! In-place all-reduce of `data` over `comm`.
@@ -324,8 +340,8 @@ inline request iallgather(MPI_Comm comm, const_tensor_view in, tensor_view out) 
     throw invalid_argument("cohort: MPI_Iallgather of more than INT_MAX elements per rank");
   }
   const int n = static_cast<int>(in.count);
-  check(MPI_Iallgather(in.data, n, type, out.data, n, type, comm, pending.add()),
-        "MPI_Iallgather", comm);
+  check(MPI_Iallgather(in.data, n, type, out.data, n, type, comm, pending.add()), "MPI_Iallgather",
+        comm);
   return pending;
 }
 
@@ -335,8 +351,8 @@ inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
   if (out.count > detail::max_count) {
     throw invalid_argument("cohort: MPI_Reduce_scatter_block of more than INT_MAX elements");
   }
-  check(MPI_Reduce_scatter_block(in.data, out.data, static_cast<int>(out.count),
-                                 datatype(in.type), op(operation, in.type), comm),
+  check(MPI_Reduce_scatter_block(in.data, out.data, static_cast<int>(out.count), datatype(in.type),
+                                 op(operation, in.type), comm),
         "MPI_Reduce_scatter_block", comm);
 }
 

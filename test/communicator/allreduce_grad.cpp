@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: Apache-2.0
+// allreduce_grad on every strategy: results against closed forms and the naive oracle, every
+// dtype and awkward size, reducers, missing gradients, cross-rank agreement, and no allocation in
+// the steady state.
+#define BOOST_TEST_MODULE communicator.allreduce_grad
+#include <cohort/cohort.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/expect.hpp"
+#include "support/fill.hpp"
+#include "support/mpi_test_main.hpp"
+
+// Counts every C++ allocation of the process, to check the steady state allocates nothing.
+namespace {
+std::atomic<long> allocations{0};
+}
+void* operator new(std::size_t size) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+using cohort::dtype;
+using cohort::test::closed_form;
+using cohort::test::closed_form_sum;
+using cohort::test::message_has;
+
+namespace {
+template <class T>
+using param = cohort::parameter_ref<std::vector<T>>;
+
+template <class T>
+double as_double(T value) {
+  if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
+    return static_cast<double>(value);
+  } else {
+    return static_cast<double>(static_cast<float>(value));
+  }
+}
+
+// A model with tensors of every awkward size in one dtype.
+template <class T>
+struct model {
+  std::vector<std::vector<T>> values, grads;
+  std::vector<param<T>> params;
+
+  model(int ranks, int rank) {
+    const std::size_t sizes[] = {0, 1, 3, static_cast<std::size_t>(ranks) * 4 + 1, 1000, 4099};
+    for (const std::size_t n : sizes) {
+      values.emplace_back(n);
+      grads.push_back(cohort::test::filled<T>(n, rank));
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      params.push_back({"layer" + std::to_string(i), &values[i], &grads[i]});
+    }
+  }
+};
+
+// The tolerance of a mean in T: 16-bit floats are divided before the sum and rounded at each step.
+template <class T>
+double tolerance() {
+  if constexpr (std::is_same_v<T, cohort::float16>) {
+    return 4e-3;
+  } else if constexpr (std::is_same_v<T, cohort::bfloat16>) {
+    return 3e-2;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return 1e-6;
+  } else {
+    return 1e-12;
+  }
+}
+
+template <class T, class Strategy, class Reducer>
+void check_model(Strategy& comm, Reducer reducer, bool mean) {
+  model<T> m(comm.size(), comm.rank());
+  comm.allreduce_grad(m.params, reducer);
+  for (std::size_t t = 0; t < m.grads.size(); ++t) {
+    for (std::size_t i = 0; i < m.grads[t].size(); ++i) {
+      const double sum = closed_form_sum(i, comm.size());
+      double expected = mean ? sum / comm.size() : sum;
+      if (mean && std::is_integral_v<T>) {
+        expected = std::round(expected);
+      }
+      const double got = as_double(m.grads[t][i]);
+      BOOST_TEST_REQUIRE(std::abs(got - expected) <= tolerance<T>() * std::max(1.0, expected),
+                         cohort::to_string(cohort::dtype_of_v<T>)
+                             << " tensor " << t << " element " << i << ": " << got << " vs "
+                             << expected);
+    }
+  }
+}
+
+template <class Strategy, class Reducer>
+void check_every_dtype(Strategy& comm, Reducer reducer, bool mean) {
+  check_model<float>(comm, reducer, mean);
+  check_model<double>(comm, reducer, mean);
+  check_model<cohort::float16>(comm, reducer, mean);
+  check_model<cohort::bfloat16>(comm, reducer, mean);
+  check_model<std::int32_t>(comm, reducer, mean);
+  check_model<std::int64_t>(comm, reducer, mean);
+  check_model<std::uint8_t>(comm, reducer, mean);
+}
+} // namespace
+
+using reducing_strategies = std::tuple<cohort::naive, cohort::flat>;
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(sum_and_mean_of_every_dtype, Strategy, reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  check_every_dtype(comm, cohort::sum{}, false);
+  check_every_dtype(comm, cohort::mean{}, true);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(mixed_dtypes_in_one_model_match_the_naive_oracle, Strategy,
+                              reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  auto oracle = cohort::make_communicator<cohort::naive>();
+  // One parameter set of several dtypes, in an order that interleaves them.
+  auto make = [&](auto& f32, auto& f16, auto& f64, auto& g32, auto& g16, auto& g64) {
+    g32 = cohort::test::filled<float>(f32.size(), comm.rank());
+    g16 = cohort::test::filled<cohort::float16>(f16.size(), comm.rank());
+    g64 = cohort::test::filled<double>(f64.size(), comm.rank());
+  };
+  std::vector<float> a(13), ga;
+  std::vector<cohort::float16> b(6), gb;
+  std::vector<double> c(29), gc;
+  std::vector<float> a2(13), ga2;
+  std::vector<cohort::float16> b2(6), gb2;
+  std::vector<double> c2(29), gc2;
+  make(a, b, c, ga, gb, gc);
+  make(a2, b2, c2, ga2, gb2, gc2);
+  // The parameter set is a range of parameter_ref<tensor_view>: one range for all the dtypes.
+  std::vector<cohort::parameter_ref<cohort::tensor_view>> params, oracle_params;
+  std::vector<cohort::tensor_view> views{
+      cohort::make_view(a),  cohort::make_view(ga),  cohort::make_view(b),  cohort::make_view(gb),
+      cohort::make_view(c),  cohort::make_view(gc),  cohort::make_view(a2), cohort::make_view(ga2),
+      cohort::make_view(b2), cohort::make_view(gb2), cohort::make_view(c2), cohort::make_view(gc2)};
+  for (std::size_t i = 0; i < 6; i += 2) {
+    params.push_back({"p" + std::to_string(i), &views[i], &views[i + 1]});
+    oracle_params.push_back({"p" + std::to_string(i), &views[i + 6], &views[i + 7]});
+  }
+  comm.allreduce_grad(params, cohort::mean{});
+  oracle.allreduce_grad(oracle_params, cohort::mean{});
+  BOOST_TEST(ga == ga2, boost::test_tools::per_element());
+  BOOST_TEST(gc == gc2, boost::test_tools::per_element());
+  for (std::size_t i = 0; i < gb.size(); ++i) {
+    BOOST_TEST(gb[i].bits() == gb2[i].bits());
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(fp16_mean_does_not_overflow_where_fp32_would_not, Strategy,
+                              reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  // 40000 on every rank: the sum over 2+ ranks exceeds fp16's 65504, the mean does not.
+  std::vector<cohort::float16> value(3), grad(3, cohort::float16(40000.0f));
+  std::vector<param<cohort::float16>> params{{"big", &value, &grad}};
+  comm.allreduce_grad(params, cohort::mean{});
+  for (const auto g : grad) {
+    BOOST_TEST(static_cast<float>(g) == 40000.0f);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(dummy_scales_but_does_not_communicate) {
+  auto comm = cohort::make_communicator<cohort::dummy>();
+  model<float> m(comm.size(), comm.rank());
+  comm.allreduce_grad(m.params, cohort::mean{});
+  for (std::size_t i = 0; i < m.grads[4].size(); ++i) {
+    // float32 is scaled in float: the local value times the float nearest 1 / size.
+    const float expected =
+        static_cast<float>(closed_form(i, comm.rank())) * static_cast<float>(1.0 / comm.size());
+    BOOST_TEST_REQUIRE(m.grads[4][i] == expected);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(missing_gradients_are_reported_or_zero_filled, Strategy,
+                              reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  std::vector<float> w(4), gw(4, 1.0f), unused(3), g_unused;
+  std::vector<param<float>> params{{"used", &w, &gw}, {"unused.bias", &unused, &g_unused}};
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(params, cohort::mean{}), cohort::invalid_argument,
+      message_has({"parameter 'unused.bias' (#1)", "no gradient", "missing_grad::zero_fill"}));
+  comm.allreduce_grad(params, cohort::sum{}, {.missing = cohort::missing_grad::zero_fill});
+  BOOST_TEST(g_unused == std::vector<float>(3, 0.0f), boost::test_tools::per_element());
+  BOOST_TEST(gw[0] == static_cast<float>(comm.size()));
+
+  // A null gradient pointer cannot be filled: reported even in zero_fill mode.
+  std::vector<param<float>> null_grad{{"frozen", &w, nullptr}};
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(null_grad, cohort::sum{}, {.missing = cohort::missing_grad::zero_fill}),
+      cohort::invalid_argument, message_has({"'frozen'", "no gradient"}));
+
+  if (comm.size() < 2) {
+    return;
+  }
+  // Only the last rank misses a gradient: with zero_fill it contributes zeros.
+  const bool last = comm.rank() == comm.size() - 1;
+  std::vector<float> value(2), grad(last ? 0 : 2, 1.0f);
+  std::vector<param<float>> uneven{{"sometimes", &value, &grad}};
+  comm.allreduce_grad(uneven, cohort::sum{}, {.missing = cohort::missing_grad::zero_fill});
+  BOOST_TEST(grad[1] == static_cast<float>(comm.size() - 1));
+  // With report, every rank learns which rank misses it.
+  grad.assign(last ? 0 : 2, 1.0f);
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(uneven, cohort::sum{}), cohort::mismatch_error,
+      message_has({"parameter 'sometimes'", "a gradient of 2 float32 elements on rank 0",
+                   "no gradient", "on rank " + std::to_string(comm.size() - 1)}));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(layout_mismatch_throws_on_every_rank, Strategy, reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  std::vector<float> w(8), gw(8), v(5), gv(5);
+  std::vector<param<float>> params{{"w", &w, &gw}, {"v", &v, &gv}};
+  // A gradient of the wrong size on every rank: a local error, the same everywhere.
+  gv.resize(4);
+  BOOST_CHECK_EXCEPTION(comm.allreduce_grad(params, cohort::mean{}), cohort::invalid_argument,
+                        message_has({"parameter 'v' (#1)", "4 float32 elements", "value of 5"}));
+  gv.resize(5);
+  if (comm.size() < 2) {
+    return;
+  }
+  const int last = comm.size() - 1;
+  if (comm.rank() == last) {
+    v.resize(6);
+    gv.resize(6);
+  }
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(params, cohort::mean{}), cohort::mismatch_error,
+      message_has({"allreduce_grad", "parameter 'v' (#1)", "5 float32 elements on rank 0",
+                   "6 float32 elements", "rank " + std::to_string(last)}));
+  v.resize(5);
+  gv.resize(5);
+  std::vector<float> extra(1), g_extra(1);
+  if (comm.rank() == last) {
+    params.push_back({"extra", &extra, &g_extra});
+  }
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(params, cohort::mean{}), cohort::mismatch_error,
+      message_has({"rank 0 passes 2 items", "rank " + std::to_string(last) + " passes 3"}));
+  if (comm.rank() == last) {
+    params.pop_back();
+  }
+  comm.allreduce_grad(params, cohort::mean{}); // back in agreement
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(steady_state_allocates_nothing, Strategy, reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  model<float> m(comm.size(), comm.rank());
+  std::vector<cohort::float16> h(100), gh(100);
+  std::vector<param<float>> params = m.params;
+  comm.allreduce_grad(params, cohort::mean{}); // the first step sizes the buffers
+  const long before = allocations.load();
+  for (int step = 0; step < 5; ++step) {
+    comm.allreduce_grad(params, cohort::mean{});
+  }
+  BOOST_TEST(allocations.load() - before == 0);
+  if constexpr (std::is_same_v<Strategy, cohort::flat>) {
+    BOOST_TEST(comm.fusion_buffer_bytes() ==
+               (0 + 1 + 3 + (comm.size() * 4 + 1) + 1000 + 4099) * 4u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_parameters_from_any_root, Strategy, reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  for (int root = 0; root < comm.size(); ++root) {
+    model<double> m(comm.size(), comm.rank());
+    for (std::size_t t = 0; t < m.values.size(); ++t) {
+      for (std::size_t i = 0; i < m.values[t].size(); ++i) {
+        m.values[t][i] = closed_form(i + t, comm.rank());
+      }
+    }
+    comm.broadcast_parameters(m.params, root);
+    for (std::size_t t = 0; t < m.values.size(); ++t) {
+      for (std::size_t i = 0; i < m.values[t].size(); ++i) {
+        BOOST_TEST_REQUIRE(m.values[t][i] == closed_form(i + t, root));
+      }
+    }
+  }
+  if (comm.size() > 1) {
+    std::vector<float> w(comm.rank() == 0 ? 3 : 4), g(w.size());
+    std::vector<param<float>> params{{"embedding", &w, &g}};
+    BOOST_CHECK_EXCEPTION(
+        comm.broadcast_parameters(params), cohort::mismatch_error,
+        message_has({"broadcast_parameters", "parameter 'embedding'", "3 float32", "4 float32"}));
+  }
+}

@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: Apache-2.0
+// The tensor and object collectives every MPI strategy shares, on each strategy, with the
+// agreement check that turns cross-rank mismatches into the same error on every rank.
+#define BOOST_TEST_MODULE communicator.collectives
+#include <cohort/cohort.hpp>
+
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/vector.hpp>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/expect.hpp"
+#include "support/fill.hpp"
+#include "support/mpi_test_main.hpp"
+
+using cohort::dtype;
+using cohort::reduce_op;
+using cohort::test::closed_form;
+using cohort::test::closed_form_sum;
+using cohort::test::message_has;
+
+using strategies = std::tuple<cohort::naive, cohort::flat, cohort::dummy>;
+
+namespace {
+template <class T>
+double as_double(T value) {
+  if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
+    return static_cast<double>(value);
+  } else {
+    return static_cast<double>(static_cast<float>(value));
+  }
+}
+
+template <class T, class Comm>
+void check_allreduce_sum(Comm& comm, std::size_t n) {
+  auto data = cohort::test::filled<T>(n, comm.rank());
+  comm.allreduce(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    BOOST_TEST_REQUIRE(as_double(data[i]) == closed_form_sum(i, comm.size()),
+                       cohort::to_string(cohort::dtype_of_v<T>) << " element " << i << " of " << n);
+  }
+}
+
+// A user's tensor type with a run-time dtype, adapted through the trait.
+struct blob {
+  std::vector<std::byte> bytes;
+  dtype type = dtype::float32;
+};
+} // namespace
+
+template <>
+struct cohort::tensor_traits<blob> {
+  static constexpr memory_location location = memory_location::host;
+  static void* data(blob& b) { return b.bytes.data(); }
+  static const void* data(const blob& b) { return b.bytes.data(); }
+  static std::size_t size(const blob& b) { return b.bytes.size() / size_of(b.type); }
+  static cohort::dtype dtype_of(const blob& b) { return b.type; }
+};
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_every_dtype_and_awkward_sizes, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const std::size_t not_divisible = static_cast<std::size_t>(comm.size()) * 5 + 1;
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, not_divisible, std::size_t{70001}}) {
+    check_allreduce_sum<float>(comm, n);
+    check_allreduce_sum<double>(comm, n);
+    check_allreduce_sum<cohort::float16>(comm, n);
+    check_allreduce_sum<cohort::bfloat16>(comm, n);
+    check_allreduce_sum<std::int32_t>(comm, n);
+    check_allreduce_sum<std::int64_t>(comm, n);
+    check_allreduce_sum<std::uint8_t>(comm, n);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_ops_and_containers, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  std::array<float, 3> lo{1.0f + comm.rank(), 5.0f, -1.0f * comm.rank()};
+  comm.allreduce(lo, reduce_op::min);
+  BOOST_TEST(lo[0] == 1.0f);
+  BOOST_TEST(lo[2] == -1.0f * (comm.size() - 1));
+  std::int64_t hi[2] = {comm.rank(), -comm.rank()};
+  comm.allreduce(hi, reduce_op::max);
+  BOOST_TEST(hi[0] == comm.size() - 1);
+  BOOST_TEST(hi[1] == 0);
+  std::vector<double> storage(4, 3.0);
+  std::span<double> product(storage.data(), 2);
+  comm.allreduce(product, reduce_op::prod);
+  BOOST_TEST(storage[0] == std::pow(3.0, comm.size()));
+  BOOST_TEST(storage[2] == 3.0);
+
+  blob b{std::vector<std::byte>(6 * sizeof(std::int32_t)), dtype::int32};
+  auto* ints = reinterpret_cast<std::int32_t*>(b.bytes.data());
+  for (int i = 0; i < 6; ++i) {
+    ints[i] = static_cast<std::int32_t>(closed_form(static_cast<std::size_t>(i), comm.rank()));
+  }
+  comm.allreduce(b);
+  BOOST_TEST(ints[5] == closed_form_sum(5, comm.size()));
+
+  auto pending = comm.iallreduce(storage);
+  pending.wait();
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_allgather_reduce_scatter, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size();
+  for (int root = 0; root < n; ++root) {
+    std::vector<cohort::bfloat16> v(5, cohort::bfloat16(comm.rank() == root ? 7.0f : 0.0f));
+    comm.broadcast(v, root);
+    BOOST_TEST(static_cast<float>(v[4]) == 7.0f);
+    std::vector<std::uint8_t> w(3, comm.rank() == root ? 9 : 0);
+    comm.ibroadcast(w, root).wait();
+    BOOST_TEST(w[2] == 9);
+  }
+  for (const std::size_t per_rank : {std::size_t{0}, std::size_t{1}, std::size_t{7}}) {
+    const auto mine = cohort::test::filled<std::int32_t>(per_rank, comm.rank());
+    std::vector<std::int32_t> all(per_rank * static_cast<std::size_t>(n));
+    comm.allgather(mine, all);
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < per_rank; ++i) {
+        BOOST_TEST_REQUIRE(all[static_cast<std::size_t>(r) * per_rank + i] == closed_form(i, r));
+      }
+    }
+    std::vector<std::int32_t> again(all.size());
+    comm.iallgather(mine, again).wait();
+    BOOST_TEST(again == all);
+
+    // Each rank contributes rank + position to every block; block r sums over ranks.
+    std::vector<double> contributions(per_rank * static_cast<std::size_t>(n));
+    for (std::size_t j = 0; j < contributions.size(); ++j) {
+      contributions[j] = static_cast<double>(j) + comm.rank();
+    }
+    std::vector<double> block(per_rank);
+    comm.reduce_scatter(contributions, block);
+    for (std::size_t i = 0; i < per_rank; ++i) {
+      const double position =
+          static_cast<double>(static_cast<std::size_t>(comm.rank()) * per_rank + i);
+      BOOST_TEST(block[i] == position * n + n * (n - 1) / 2.0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(point_to_point, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size();
+  const int next = (comm.rank() + 1) % n;
+  const int previous = (comm.rank() + n - 1) % n;
+  const auto out = cohort::test::filled<float>(11, comm.rank());
+  std::vector<float> in(11);
+  auto receiving = comm.irecv(in, previous, 1);
+  comm.isend(out, next, 1).wait();
+  receiving.wait();
+  BOOST_TEST(in == cohort::test::filled<float>(11, previous));
+  if (n >= 2) {
+    if (comm.rank() == 0) {
+      comm.send(out, 1, 2);
+    } else if (comm.rank() == 1) {
+      comm.recv(in, 0, 2);
+      BOOST_TEST(in == cohort::test::filled<float>(11, 0));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(object_collectives, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size();
+  const std::string root_says =
+      comm.bcast_obj(std::string("hello from ") + std::to_string(comm.rank()), n - 1);
+  BOOST_TEST(root_says == "hello from " + std::to_string(n - 1));
+
+  const auto gathered = comm.gather_obj(std::vector<int>(static_cast<std::size_t>(comm.rank()), 1));
+  if (comm.rank() == 0) {
+    BOOST_TEST_REQUIRE(gathered.size() == static_cast<std::size_t>(n));
+    BOOST_TEST(gathered[static_cast<std::size_t>(n - 1)].size() == static_cast<std::size_t>(n - 1));
+  } else {
+    BOOST_TEST(gathered.empty());
+  }
+  const auto everyone = comm.allgather_obj(comm.rank() * 10);
+  BOOST_TEST(everyone.back() == (n - 1) * 10);
+  BOOST_TEST(comm.allreduce_obj(comm.rank() + 1) == n * (n + 1) / 2);
+  const auto largest = comm.allreduce_obj(comm.rank(), [](int a, int b) { return a > b ? a : b; });
+  BOOST_TEST(largest == n - 1);
+
+  if (n >= 2) {
+    if (comm.rank() == 0) {
+      comm.send_obj(std::vector<std::string>{"a", "bc"}, 1, 5);
+    } else if (comm.rank() == 1) {
+      const auto words = comm.template recv_obj<std::vector<std::string>>(0, 5);
+      BOOST_TEST(words == (std::vector<std::string>{"a", "bc"}));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(split_keeps_strategy_and_options, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>({.check_agreement = false});
+  Strategy half = comm.split(comm.rank() % 2, comm.rank());
+  const int expected = (comm.size() + 1 - comm.rank() % 2) / 2;
+  BOOST_TEST(half.size() == expected);
+  BOOST_TEST(half.rank() == comm.rank() / 2);
+  BOOST_TEST(!half.options().check_agreement);
+  std::vector<int> one{1};
+  half.allreduce(one);
+  BOOST_TEST(one[0] == expected);
+  BOOST_CHECK_EXCEPTION(comm.split(-1, 0), cohort::invalid_argument,
+                        message_has({"split", "color must be >= 0"}));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(mismatched_sizes_throw_on_every_rank, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  if (comm.size() < 2) {
+    return;
+  }
+  const int last = comm.size() - 1;
+  std::vector<float> x(comm.rank() == last ? 9 : 10);
+  BOOST_CHECK_EXCEPTION(comm.allreduce(x), cohort::mismatch_error,
+                        message_has({"allreduce", "10 float32 elements", "on rank 0",
+                                     "9 float32 elements", "on rank " + std::to_string(last)}));
+  std::vector<float> y(4);
+  BOOST_CHECK_EXCEPTION(comm.allreduce(y, comm.rank() == last ? reduce_op::max : reduce_op::sum),
+                        cohort::mismatch_error, message_has({"op sum", "op max"}));
+  BOOST_CHECK_EXCEPTION(comm.broadcast(y, comm.rank() == last ? 1 : 0), cohort::mismatch_error,
+                        message_has({"broadcast", "root 0", "root 1"}));
+  std::vector<double> z(4);
+  const auto dtype_message = message_has({"broadcast", "4 float32 elements", "4 float64 elements"});
+  if (comm.rank() == last) {
+    BOOST_CHECK_EXCEPTION(comm.broadcast(z, 0), cohort::mismatch_error, dtype_message);
+  } else {
+    BOOST_CHECK_EXCEPTION(comm.broadcast(y, 0), cohort::mismatch_error, dtype_message);
+  }
+  BOOST_CHECK_EXCEPTION(comm.bcast_obj(1, comm.rank() == last ? 1 : 0), cohort::mismatch_error,
+                        message_has({"bcast_obj", "the root"}));
+  // After the errors, the communicator still works.
+  std::vector<float> ok(3, 1.0f);
+  comm.allreduce(ok);
+  BOOST_TEST(ok[0] == static_cast<float>(comm.size()));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(bad_arguments_name_what_is_wrong, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const std::string n = std::to_string(comm.size());
+  std::vector<float> x(2);
+  BOOST_CHECK_EXCEPTION(comm.broadcast(x, comm.size()), cohort::invalid_argument,
+                        message_has({"broadcast", "root " + n, n + "-rank"}));
+  BOOST_CHECK_EXCEPTION(comm.send(x, -1), cohort::invalid_argument,
+                        message_has({"send", "peer -1"}));
+  std::vector<float> wrong(3 * static_cast<std::size_t>(comm.size()) + 1);
+  BOOST_CHECK_EXCEPTION(
+      comm.allgather(x, wrong), cohort::invalid_argument,
+      message_has({"allgather", "has 2 elements", "needs " + std::to_string(2 * comm.size()),
+                   "has " + std::to_string(wrong.size())}));
+  std::vector<double> other_type(2 * static_cast<std::size_t>(comm.size()));
+  BOOST_CHECK_EXCEPTION(comm.allgather(x, other_type), cohort::invalid_argument,
+                        message_has({"float32", "float64"}));
+  float device_memory[2] = {};
+  cohort::tensor_view on_device{device_memory, 2, dtype::float32, cohort::memory_location::device};
+  BOOST_CHECK_EXCEPTION(comm.allreduce(on_device), cohort::invalid_argument,
+                        message_has({"device memory", "rank " + std::to_string(comm.rank())}));
+}
+
+BOOST_AUTO_TEST_CASE(communicator_concept_and_mpi_requirement) {
+  static_assert(cohort::communicator<cohort::naive>);
+  static_assert(cohort::communicator<cohort::flat>);
+  static_assert(cohort::communicator<cohort::dummy>);
+  static_assert(!cohort::communicator<int>);
+  auto comm = cohort::make_communicator<cohort::flat>(boost::mpi::communicator());
+  BOOST_TEST(comm.size() == boost::mpi::communicator().size());
+}

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+#define BOOST_TEST_MODULE reducer.reducers
+#define BOOST_TEST_DYN_LINK
+#include <cohort/reducer/mean.hpp>
+#include <cohort/reducer/sum.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+using cohort::dtype;
+
+static_assert(cohort::reducer<cohort::mean>);
+static_assert(cohort::reducer<cohort::sum>);
+static_assert(!cohort::reducer<int>);
+
+BOOST_AUTO_TEST_CASE(mean_divides_after_the_sum_in_wide_types) {
+  for (const dtype type : {dtype::float32, dtype::float64, dtype::int32, dtype::int64}) {
+    const auto plan = cohort::mean{}.plan(type, 4);
+    BOOST_TEST((plan.wire == type));
+    BOOST_TEST(plan.pre_scale == 1.0);
+    BOOST_TEST(plan.post_scale == 0.25);
+    BOOST_TEST((plan.op == cohort::reduce_op::sum));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(mean_divides_before_the_sum_in_16_bit_types) {
+  // A sum of 4 fp16 gradients of 40000 overflows 65504; their quarters do not.
+  for (const dtype type : {dtype::float16, dtype::bfloat16}) {
+    const auto plan = cohort::mean{}.plan(type, 4);
+    BOOST_TEST((plan.wire == type));
+    BOOST_TEST(plan.pre_scale == 0.25);
+    BOOST_TEST(plan.post_scale == 1.0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sum_does_not_scale) {
+  const auto plan = cohort::sum{}.plan(dtype::float16, 3);
+  BOOST_TEST((plan == cohort::grad_reduction{dtype::float16, 1.0, 1.0, cohort::reduce_op::sum}));
+  constexpr auto at_compile_time = cohort::mean{}.plan(dtype::float32, 2);
+  static_assert(at_compile_time.post_scale == 0.5);
+}

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+#define BOOST_TEST_MODULE transport.mpi
+#include <cohort/tensor/std.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/communicator.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "support/expect.hpp"
+#include "support/fill.hpp"
+#include "support/mpi_test_main.hpp"
+
+namespace mpi = cohort::mpi;
+using cohort::dtype;
+using cohort::test::closed_form;
+using cohort::test::closed_form_sum;
+using cohort::test::message_has;
+
+namespace {
+// A duplicate of the world that returns errors instead of aborting, as cohort's communicators do.
+boost::mpi::communicator world() {
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  mpi::return_errors(dup);
+  return boost::mpi::communicator(dup, boost::mpi::comm_take_ownership);
+}
+
+template <class T>
+double as_double(T value) {
+  return static_cast<double>(static_cast<float>(value));
+}
+template <>
+double as_double(double value) {
+  return value;
+}
+template <>
+double as_double(std::int64_t value) {
+  return static_cast<double>(value);
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(datatypes_have_the_size_of_their_dtype) {
+  for (const dtype type : cohort::all_dtypes) {
+    int size = 0;
+    BOOST_TEST(MPI_Type_size(mpi::datatype(type), &size) == MPI_SUCCESS);
+    BOOST_TEST(static_cast<std::size_t>(size) == cohort::size_of(type));
+  }
+}
+
+using element_types = std::tuple<float, double, cohort::float16, cohort::bfloat16, std::int32_t,
+                                 std::int64_t, std::uint8_t>;
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_sum_every_dtype_and_size, T, element_types) {
+  const auto comm = world();
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1001}}) {
+    auto data = cohort::test::filled<T>(n, comm.rank());
+    mpi::allreduce(comm, cohort::make_view(data), cohort::reduce_op::sum);
+    for (std::size_t i = 0; i < n; ++i) {
+      BOOST_TEST_REQUIRE(as_double(data[i]) == closed_form_sum(i, comm.size()), "element " << i);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_min_max_prod, T, element_types) {
+  const auto comm = world();
+  auto lo = cohort::test::filled<T>(9, comm.rank());
+  auto hi = lo;
+  mpi::allreduce(comm, cohort::make_view(lo), cohort::reduce_op::min);
+  mpi::allreduce(comm, cohort::make_view(hi), cohort::reduce_op::max);
+  std::vector<T> product(5, static_cast<T>(2.0f));
+  mpi::allreduce(comm, cohort::make_view(product), cohort::reduce_op::prod);
+  for (std::size_t i = 0; i < 9; ++i) {
+    BOOST_TEST(as_double(lo[i]) == closed_form(i, 0));
+    BOOST_TEST(as_double(hi[i]) == closed_form(i, comm.size() - 1));
+  }
+  BOOST_TEST(as_double(product[4]) == static_cast<double>(1 << comm.size()));
+}
+
+BOOST_AUTO_TEST_CASE(non_blocking_allreduce_and_request) {
+  const auto comm = world();
+  auto data = cohort::test::filled<float>(100, comm.rank());
+  mpi::request pending = mpi::iallreduce(comm, cohort::make_view(data), cohort::reduce_op::sum);
+  BOOST_TEST(pending.pending());
+  mpi::request moved = std::move(pending);
+  BOOST_TEST(!pending.pending());
+  moved.wait();
+  BOOST_TEST(!moved.pending());
+  BOOST_TEST(moved.test());
+  BOOST_TEST(data[99] == closed_form_sum(99, comm.size()));
+  {
+    // A request left pending waits in its destructor: the data is complete after the scope.
+    auto more = cohort::test::filled<double>(10, comm.rank());
+    { const auto dropped = mpi::iallreduce(comm, cohort::make_view(more), cohort::reduce_op::sum); }
+    BOOST_TEST(more[9] == closed_form_sum(9, comm.size()));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_gather_scatter_and_point_to_point) {
+  const auto comm = world();
+  const int n = comm.size();
+  for (int root = 0; root < n; ++root) {
+    std::vector<std::int64_t> value(3, comm.rank() == root ? 42 + root : -1);
+    mpi::broadcast(comm, cohort::make_view(value), root);
+    BOOST_TEST(value[2] == 42 + root);
+    auto later = mpi::ibroadcast(comm, cohort::make_view(value), root);
+    later.wait();
+  }
+  const std::vector<float> mine(2, static_cast<float>(comm.rank()));
+  std::vector<float> all(2 * static_cast<std::size_t>(n));
+  mpi::allgather(comm, cohort::make_const_view(mine), cohort::make_view(all));
+  for (int r = 0; r < n; ++r) {
+    BOOST_TEST(all[2 * static_cast<std::size_t>(r) + 1] == static_cast<float>(r));
+  }
+  std::vector<cohort::float16> halves(2 * static_cast<std::size_t>(n), cohort::float16(1.0f));
+  std::vector<cohort::float16> block(2);
+  mpi::reduce_scatter(comm, cohort::make_const_view(halves), cohort::make_view(block),
+                      cohort::reduce_op::sum);
+  BOOST_TEST(static_cast<float>(block[1]) == static_cast<float>(n));
+
+  // A ring: each rank sends to the next and receives from the previous.
+  const int next = (comm.rank() + 1) % n;
+  const int previous = (comm.rank() + n - 1) % n;
+  const std::vector<std::int32_t> out(5, comm.rank());
+  std::vector<std::int32_t> in(5, -1);
+  auto receiving = mpi::irecv(comm, cohort::make_view(in), previous, 7);
+  auto sending = mpi::isend(comm, cohort::make_const_view(out), next, 7);
+  receiving.wait();
+  sending.wait();
+  BOOST_TEST(in[4] == previous);
+}
+
+BOOST_AUTO_TEST_CASE(recv_of_the_wrong_size_names_both_and_loses_nothing) {
+  const auto comm = world();
+  if (comm.size() < 2) {
+    return;
+  }
+  if (comm.rank() == 0) {
+    const std::vector<float> five{1, 2, 3, 4, 5};
+    mpi::send(comm, cohort::make_const_view(five), 1, 3);
+  } else if (comm.rank() == 1) {
+    std::vector<float> four(4);
+    BOOST_CHECK_EXCEPTION(mpi::recv(comm, cohort::make_view(four), 0, 3), cohort::invalid_argument,
+                          message_has({"rank 1", "from rank 0", "5 float32 elements",
+                                       "tensor has 4", "left queued"}));
+    std::vector<float> five(5);
+    mpi::recv(comm, cohort::make_view(five), 0, 3);
+    BOOST_TEST(five[4] == 5.0f);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(mpi_errors_become_exceptions_naming_the_call_and_rank) {
+  const auto comm = world();
+  const std::vector<float> x(1);
+  BOOST_CHECK_EXCEPTION(
+      mpi::send(comm, cohort::make_const_view(x), comm.size() + 3, 0), cohort::engine_error,
+      message_has({"MPI error in MPI_Send on rank " + std::to_string(comm.rank())}));
+  BOOST_CHECK_EXCEPTION(
+      mpi::translate("gather_obj", comm,
+                     [] { throw boost::mpi::exception("MPI_Gather", MPI_ERR_COUNT); }),
+      cohort::engine_error, message_has({"gather_obj", "rank"}));
+}
