@@ -37,6 +37,7 @@ void operator delete(void* p, std::size_t) noexcept {
 }
 
 using cohort::dtype;
+using cohort::test::as_double;
 using cohort::test::closed_form;
 using cohort::test::closed_form_sum;
 using cohort::test::message_has;
@@ -44,15 +45,6 @@ using cohort::test::message_has;
 namespace {
 template <class T>
 using param = cohort::parameter_ref<std::vector<T>>;
-
-template <class T>
-double as_double(T value) {
-  if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
-    return static_cast<double>(value);
-  } else {
-    return static_cast<double>(static_cast<float>(value));
-  }
-}
 
 // A model with tensors of every awkward size in one dtype.
 template <class T>
@@ -124,6 +116,22 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sum_and_mean_of_every_dtype, Strategy, reducing_st
   auto comm = cohort::make_communicator<Strategy>();
   check_every_dtype(comm, cohort::sum{}, false);
   check_every_dtype(comm, cohort::mean{}, true);
+}
+
+BOOST_AUTO_TEST_CASE(tiny_fusion_buffers_split_and_bypass_tensors) {
+  // 64 bytes: 16 float32 or 32 float16 per chunk. Tensors of 1 or 3 elements share chunks, the
+  // one of 4n+1 spans several, and those of 1000 and 4099 are reduced in place.
+  auto comm = cohort::make_communicator<cohort::flat>({.fusion_buffer_bytes = 64});
+  check_every_dtype(comm, cohort::sum{}, false);
+  check_every_dtype(comm, cohort::mean{}, true);
+  BOOST_TEST(comm.fusion_buffer_bytes() <= 64u);
+  auto staged = cohort::make_communicator<cohort::dummy>({.fusion_buffer_bytes = 8});
+  model<double> m(comm.size(), comm.rank());
+  staged.allreduce_grad(m.params, cohort::sum{});
+  BOOST_TEST(m.grads[5] == cohort::test::filled<double>(4099, comm.rank()),
+             boost::test_tools::per_element());
+  BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.fusion_buffer_bytes = 0}),
+                        cohort::invalid_argument, message_has({"fusion_buffer_bytes"}));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(mixed_dtypes_in_one_model_match_the_naive_oracle, Strategy,

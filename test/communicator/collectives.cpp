@@ -18,6 +18,7 @@
 
 using cohort::dtype;
 using cohort::reduce_op;
+using cohort::test::as_double;
 using cohort::test::closed_form;
 using cohort::test::closed_form_sum;
 using cohort::test::message_has;
@@ -25,15 +26,6 @@ using cohort::test::message_has;
 using strategies = std::tuple<cohort::naive, cohort::flat, cohort::dummy>;
 
 namespace {
-template <class T>
-double as_double(T value) {
-  if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
-    return static_cast<double>(value);
-  } else {
-    return static_cast<double>(static_cast<float>(value));
-  }
-}
-
 template <class T, class Comm>
 void check_allreduce_sum(Comm& comm, std::size_t n) {
   auto data = cohort::test::filled<T>(n, comm.rank());

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #define BOOST_TEST_MODULE kernels.host
-#define BOOST_TEST_DYN_LINK
 #include <cohort/kernels/functors.hpp>
 #include <cohort/kernels/host.hpp>
 #include <cohort/tensor/std.hpp>

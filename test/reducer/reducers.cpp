@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #define BOOST_TEST_MODULE reducer.reducers
-#define BOOST_TEST_DYN_LINK
 #include <cohort/reducer/mean.hpp>
 #include <cohort/reducer/sum.hpp>
 

@@ -7,6 +7,7 @@
 #include <cohort/tensor/dtype.hpp>
 
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 namespace cohort::test {
@@ -29,6 +30,16 @@ std::vector<T> filled(std::size_t n, int rank) {
     v[i] = static_cast<T>(static_cast<float>(closed_form(i, rank)));
   }
   return v;
+}
+
+//! Any element as a double, for comparisons with the closed forms.
+template <class T>
+double as_double(T value) {
+  if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
+    return static_cast<double>(value);
+  } else {
+    return static_cast<double>(static_cast<float>(value));
+  }
 }
 
 } // namespace cohort::test

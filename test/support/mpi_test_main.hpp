@@ -8,10 +8,14 @@
 // and exits with 124, and mpirun then ends the others. The stagger lets the lowest stuck rank
 // speak first instead of every rank at once.
 //
-// Include it once, after defining BOOST_TEST_MODULE, in each test executable.
+// Include it once, after defining BOOST_TEST_MODULE, in each test executable. The build defines
+// BOOST_TEST_DYN_LINK and BOOST_TEST_NO_MAIN for such executables (test/CMakeLists.txt), so that
+// the order of includes does not matter.
 
-#define BOOST_TEST_DYN_LINK
-#define BOOST_TEST_NO_MAIN
+#if !defined(BOOST_TEST_DYN_LINK) || !defined(BOOST_TEST_NO_MAIN)
+#error "multi-rank tests are built with BOOST_TEST_DYN_LINK and BOOST_TEST_NO_MAIN defined"
+#endif
+
 #include <cohort/detail/operation.hpp>
 
 #include <boost/mpi/communicator.hpp>

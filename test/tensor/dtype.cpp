@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #define BOOST_TEST_MODULE tensor.dtype
-#define BOOST_TEST_DYN_LINK
 #include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/float16.hpp>

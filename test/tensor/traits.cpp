@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #define BOOST_TEST_MODULE tensor.traits
-#define BOOST_TEST_DYN_LINK
 #include <cohort/error.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>

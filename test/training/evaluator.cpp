@@ -37,13 +37,29 @@ BOOST_AUTO_TEST_CASE(uneven_shards_give_the_exact_global_mean) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_rank_without_samples_contributes_nothing) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  // An exact evaluation split of fewer examples than ranks leaves the last rank empty.
+  cohort::local_metrics metrics;
+  const bool empty = comm.size() > 1 && comm.rank() == comm.size() - 1;
+  if (!empty) {
+    metrics.add("accuracy", 1.0);
+    metrics.add("loss", 0.5);
+  }
+  const auto global = cohort::allreduce_mean(comm, metrics);
+  BOOST_TEST(global.at("accuracy") == 1.0);
+  BOOST_TEST(global.at("loss") == 0.5);
+  BOOST_TEST(global.size() == 2u);
+}
+
 BOOST_AUTO_TEST_CASE(metric_names_must_agree) {
   auto comm = cohort::make_communicator<cohort::flat>();
   cohort::local_metrics metrics;
   metrics.add(comm.rank() == comm.size() - 1 && comm.size() > 1 ? "los" : "loss", 1.0);
   if (comm.size() > 1) {
     BOOST_CHECK_EXCEPTION(cohort::allreduce_mean(comm, metrics), cohort::mismatch_error,
-                          message_has({"allreduce_mean", "'loss'", "'los'"}));
+                          message_has({"allreduce_mean", "'loss'", "'los'",
+                                       "rank " + std::to_string(comm.size() - 1)}));
   }
   cohort::local_metrics empty_weight;
   empty_weight.add("nothing", 1.0, 0.0);

@@ -14,6 +14,7 @@
 
 namespace mpi = cohort::mpi;
 using cohort::dtype;
+using cohort::test::as_double;
 using cohort::test::closed_form;
 using cohort::test::closed_form_sum;
 using cohort::test::message_has;
@@ -27,18 +28,6 @@ boost::mpi::communicator world() {
   return boost::mpi::communicator(dup, boost::mpi::comm_take_ownership);
 }
 
-template <class T>
-double as_double(T value) {
-  return static_cast<double>(static_cast<float>(value));
-}
-template <>
-double as_double(double value) {
-  return value;
-}
-template <>
-double as_double(std::int64_t value) {
-  return static_cast<double>(value);
-}
 } // namespace
 
 BOOST_AUTO_TEST_CASE(datatypes_have_the_size_of_their_dtype) {

@@ -60,34 +60,38 @@ struct signature_entry {
 
   template <class Archive>
   void serialize(Archive& archive, unsigned) {
-    archive& label;
-    archive& description;
+    // clang-format would take Boost's `archive & member` for a declaration.
+    // clang-format off
+    archive & label;
+    archive & description;
+    // clang-format on
   }
 };
 
 // Builds the message from every rank's full description: the first item on which some rank
-// differs from the lowest rank, with both sides.
+// differs from the reference rank (the lowest, unless told), with both sides.
 inline std::string describe_mismatch(std::string_view operation,
-                                     const std::vector<std::vector<signature_entry>>& all) {
-  const auto& reference = all.front();
+                                     const std::vector<std::vector<signature_entry>>& all,
+                                     std::size_t reference_rank = 0) {
+  const auto& reference = all.at(reference_rank);
+  const std::string on_reference = " on rank " + std::to_string(reference_rank);
   std::string message = "cohort: " + std::string(operation) + ": the ranks disagree: ";
-  for (std::size_t r = 1; r < all.size(); ++r) {
+  for (std::size_t r = 0; r < all.size(); ++r) {
     const auto& other = all[r];
     const std::size_t common = std::min(reference.size(), other.size());
     for (std::size_t i = 0; i < common; ++i) {
       if (reference[i].label != other[i].label ||
           reference[i].description != other[i].description) {
-        return message + reference[i].label + " (#" + std::to_string(i) + ") has " +
-               reference[i].description + " on rank 0 but " +
-               (reference[i].label == other[i].label
-                    ? std::string()
-                    : other[i].label + " (#" + std::to_string(i) + ") has ") +
+        const std::string item = " (#" + std::to_string(i) + ") has ";
+        return message + reference[i].label + item + reference[i].description + on_reference +
+               " but " + (reference[i].label == other[i].label ? "" : other[i].label + item) +
                other[i].description + " on rank " + std::to_string(r);
       }
     }
     if (reference.size() != other.size()) {
-      return message + "rank 0 passes " + std::to_string(reference.size()) + " items but rank " +
-             std::to_string(r) + " passes " + std::to_string(other.size());
+      return message + "rank " + std::to_string(reference_rank) + " passes " +
+             std::to_string(reference.size()) + " items but rank " + std::to_string(r) +
+             " passes " + std::to_string(other.size());
     }
   }
   return message + "their fingerprints differ but their descriptions do not";

@@ -3,10 +3,13 @@
 
 #include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/std.hpp>
+
+#include <boost/mpi/communicator.hpp>
 
 #include <concepts>
 #include <vector>
@@ -23,7 +26,8 @@ using parameters_archetype = std::vector<parameter_ref<std::vector<float>>>;
 } // namespace detail
 
 //! A gradient-synchronisation strategy: topology, tensor and object collectives, and the
-//! multi-tensor `allreduce_grad`. `naive`, `flat` and `dummy` model it.
+//! multi-tensor `allreduce_grad`, over an MPI communicator that the training layer may use for
+//! its own small exchanges. `naive`, `flat` and `dummy` model it.
 template <class C>
 concept communicator = std::move_constructible<C> &&
     requires(C& c, const C& cc, std::vector<float>& t, int i,

@@ -7,6 +7,8 @@
 #include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/config.hpp>
 
+#include <boost/mpi/communicator.hpp>
+
 #include <cstddef>
 #include <span>
 
@@ -20,7 +22,9 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! and metrics still work.
 class dummy : public mpi_communicator<dummy> {
 public:
-  using mpi_communicator<dummy>::mpi_communicator;
+  explicit dummy(const boost::mpi::communicator& comm, communicator_options options = {})
+      : mpi_communicator<dummy>(comm, options)
+      , fused_(options.fusion_buffer_bytes) {}
 
 private:
   friend class mpi_communicator<dummy>;

@@ -8,20 +8,25 @@
 #include <cohort/config.hpp>
 #include <cohort/transport/mpi.hpp>
 
+#include <boost/mpi/communicator.hpp>
+
 #include <cstddef>
 #include <span>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! Packs all gradients into one buffer (one per gradient dtype) and reduces it with a single MPI
-//! all-reduce: one latency per step instead of one per tensor. The buffer is reused, so nothing is
-//! allocated after the first step.
+//! Fuses the gradients: packs them into a reusable buffer (`fusion_buffer_bytes`, 4 MiB by
+//! default) and reduces each full buffer with one MPI all-reduce, so that many small tensors cost
+//! a few latencies instead of one each; a tensor that fills the buffer alone is reduced in place.
+//! Nothing is allocated after the first step.
 class flat : public mpi_communicator<flat> {
 public:
-  using mpi_communicator<flat>::mpi_communicator;
+  explicit flat(const boost::mpi::communicator& comm, communicator_options options = {})
+      : mpi_communicator<flat>(comm, options)
+      , fused_(options.fusion_buffer_bytes) {}
 
-  //! Bytes held by the fusion buffer.
+  //! Bytes held by the fusion buffer (at most `fusion_buffer_bytes`).
   std::size_t fusion_buffer_bytes() const noexcept { return fused_.buffer_bytes(); }
 
 private:

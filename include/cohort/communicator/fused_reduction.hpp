@@ -4,10 +4,12 @@
 #include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
 #include <cohort/kernels/host.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -16,36 +18,53 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
-//! Packs the gradients of each dtype into one reusable buffer in the reducer's wire dtype
-//! (casting and pre-scaling on the way), hands it to `exchange`, and unpacks it (post-scaling).
-//! The buffer and the lists only ever grow, so after the first step nothing is allocated.
+//! Streams the gradients of each dtype through one reusable fusion buffer: packs as many as fit
+//! (casting to the reducer's wire dtype and pre-scaling on the way, splitting a gradient across
+//! buffers where it does not fit), hands the buffer to `exchange`, and unpacks it (post-scaling).
+//! A gradient of at least a buffer's size whose dtype is already the wire dtype is reduced in
+//! place: copying it would cost two passes over memory and buy nothing. The buffer and the lists
+//! only ever grow, so after the first step nothing is allocated.
 class fused_reduction {
 public:
+  explicit fused_reduction(std::size_t buffer_bytes)
+      : buffer_bytes_(buffer_bytes) {
+    if (buffer_bytes == 0) {
+      throw invalid_argument("cohort: fusion_buffer_bytes must be positive");
+    }
+  }
+
   template <reducer Reducer, class Exchange>
   void run(std::span<const grad_slot> slots, const Reducer& reducer, int ranks,
            Exchange&& exchange) {
     for (const dtype type : all_dtypes) {
-      sources_.clear();
-      targets_.clear();
+      const grad_reduction plan = reducer.plan(type, ranks);
+      const std::size_t capacity = std::max<std::size_t>(1, buffer_bytes_ / size_of(plan.wire));
       for (const auto& slot : slots) {
-        if (slot.grad.type == type) {
-          sources_.push_back(slot.grad);
-          targets_.push_back(slot.grad);
+        if (slot.grad.type != type || slot.grad.count == 0) {
+          continue;
+        }
+        if (plan.wire == type && slot.grad.count >= capacity) {
+          kernels::host::scale(slot.grad, plan.pre_scale);
+          exchange(slot.grad, plan.op);
+          kernels::host::scale(slot.grad, plan.post_scale);
+          continue;
+        }
+        for (std::size_t offset = 0; offset < slot.grad.count;) {
+          const std::size_t take = std::min(slot.grad.count - offset, capacity - filled_);
+          const tensor_view part{static_cast<std::byte*>(slot.grad.data) + offset * size_of(type),
+                                 take, type, slot.grad.location};
+          sources_.push_back(part);
+          targets_.push_back(part);
+          filled_ += take;
+          offset += take;
+          if (filled_ == capacity) {
+            flush(plan, exchange);
+          }
         }
       }
-      if (targets_.empty()) {
-        continue;
+      if (filled_ != 0) {
+        flush(plan, exchange);
       }
-      const grad_reduction plan = reducer.plan(type, ranks);
-      const std::size_t count = kernels::host::packed_count(sources_);
-      const std::size_t bytes = count * size_of(plan.wire);
-      if (buffer_.size() < bytes) {
-        buffer_.resize(bytes);
-      }
-      const tensor_view packed{buffer_.data(), count, plan.wire, memory_location::host};
-      kernels::host::pack(sources_, packed, plan.pre_scale);
-      exchange(packed, plan.op);
-      kernels::host::unpack(packed, targets_, plan.post_scale);
     }
   }
 
@@ -53,9 +72,26 @@ public:
   std::size_t buffer_bytes() const noexcept { return buffer_.size(); }
 
 private:
+  template <class Exchange>
+  void flush(const grad_reduction& plan, Exchange& exchange) {
+    const std::size_t bytes = filled_ * size_of(plan.wire);
+    if (buffer_.size() < bytes) {
+      buffer_.resize(bytes);
+    }
+    const tensor_view packed{buffer_.data(), filled_, plan.wire, memory_location::host};
+    kernels::host::pack(sources_, packed, plan.pre_scale);
+    exchange(packed, plan.op);
+    kernels::host::unpack(packed, targets_, plan.post_scale);
+    sources_.clear();
+    targets_.clear();
+    filled_ = 0;
+  }
+
+  std::size_t buffer_bytes_;
   std::vector<std::byte> buffer_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
+  std::size_t filled_ = 0;
 };
 
 } // namespace detail

@@ -72,6 +72,8 @@ public:
   const cohort::topology& topology() const noexcept { return layout_.topo; }
 
   //! The Boost.MPI communicator underneath (cohort's duplicate), for the user's own MPI calls.
+  //! Its error handler is MPI_ERRORS_RETURN (cohort turns errors into exceptions): a raw MPI call
+  //! on it returns an error code instead of aborting, so check the codes.
   const boost::mpi::communicator& mpi_comm() const noexcept { return comm_; }
   //! The ranks of this node, and the ranks with the same intra_rank across nodes.
   const boost::mpi::communicator& intra_comm() const noexcept { return layout_.intra; }
@@ -373,19 +375,17 @@ private:
   }
 
   void check_root(int root, std::string_view operation) const {
-    if (root < 0 || root >= size()) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) + ": root " + std::to_string(root) +
-                             " is not a rank of this " + std::to_string(size()) +
-                             "-rank communicator");
-    }
+    check_rank(root, "root", operation);
   }
   void check_peer(int peer, std::string_view operation) const {
-    if (peer < 0 || peer >= size()) {
+    check_rank(peer, "peer", operation);
+  }
+  void check_rank(int r, std::string_view role, std::string_view operation) const {
+    if (r < 0 || r >= size()) {
       throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) + ": peer " + std::to_string(peer) +
-                             " is not a rank of this " + std::to_string(size()) +
-                             "-rank communicator");
+                             std::to_string(rank()) + ": " + std::string(role) + " " +
+                             std::to_string(r) + " is not a rank of this " +
+                             std::to_string(size()) + "-rank communicator");
     }
   }
 

@@ -3,6 +3,8 @@
 
 #include <cohort/config.hpp>
 
+#include <cstddef>
+
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
@@ -18,6 +20,13 @@ struct communicator_options {
   //! throw `mismatch_error` on every rank if not (cost: one 16-byte all-reduce per call). When
   //! off, a mismatch is undefined behaviour of MPI: a hang, an MPI error or wrong numbers.
   bool check_agreement = true;
+
+  //! The size of the fusion buffer through which `flat` and `dummy` stream small gradients: they
+  //! are packed into it, reduced and unpacked one buffer at a time, and a gradient that fills a
+  //! buffer on its own is reduced in place instead of being copied. 4 MiB keeps the packing in
+  //! cache and the messages in the range where MPI's all-reduce is fastest (see the README's
+  //! figures); a tiny value forces many chunks on tiny inputs (tests do).
+  std::size_t fusion_buffer_bytes = std::size_t{4} << 20;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -38,7 +38,9 @@ inline void scale_cast_n(const void* src, dtype from, void* dst, dtype to, std::
     return;
   }
   if (from == to && factor == 1.0) {
-    std::memmove(dst, src, count * size_of(from));
+    if (src != dst) {
+      std::memmove(dst, src, count * size_of(from));
+    }
     return;
   }
   visit(from, [&]<class From>(std::type_identity<From>) {

@@ -9,6 +9,7 @@
 #include <cohort/tensor/parameter.hpp>
 
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 namespace cohort {
@@ -37,13 +38,19 @@ struct distributed_optimizer_options {
 //! The parameter set is held by reference: it must outlive the wrapper. A strategy chosen at
 //! compile time costs nothing per step beyond its own work: the parameter set's type is erased
 //! behind one function pointer, called once per step.
-template <optimizer Optimizer, communicator Communicator, reducer Reducer = mean>
+//!
+//! `Communicator` may be spelled as a reference (`decltype(comm)` of a reference parameter);
+//! class template argument deduction also works: `distributed_optimizer opt{sgd{}, comm, params}`.
+template <optimizer Optimizer, class Communicator, reducer Reducer = mean>
+requires communicator<std::remove_cvref_t<Communicator>>
 class distributed_optimizer {
 public:
+  using communicator_type = std::remove_cvref_t<Communicator>;
+
   //! Broadcasts `params` from `options.root` (collective). Throws `mismatch_error` if the ranks'
   //! parameter layouts differ.
   template <parameter_set Params>
-  distributed_optimizer(Optimizer inner, Communicator& comm, Params& params,
+  distributed_optimizer(Optimizer inner, communicator_type& comm, Params& params,
                         distributed_optimizer_options options = {}, Reducer reducer = {})
       : inner_(std::move(inner))
       , comm_(&comm)
@@ -66,23 +73,33 @@ public:
 
   Optimizer& inner() noexcept { return inner_; }
   const Optimizer& inner() const noexcept { return inner_; }
-  Communicator& comm() const noexcept { return *comm_; }
+  communicator_type& comm() const noexcept { return *comm_; }
   const Reducer& reducer() const noexcept { return reducer_; }
 
 private:
   template <class Params>
-  static void sync(void* params, Communicator& comm, const Reducer& reducer,
+  static void sync(void* params, communicator_type& comm, const Reducer& reducer,
                    grad_sync_options options) {
     comm.allreduce_grad(*static_cast<Params*>(params), reducer, options);
   }
 
   Optimizer inner_;
-  Communicator* comm_;
+  communicator_type* comm_;
   Reducer reducer_;
   distributed_optimizer_options options_;
   void* params_;
-  void (*sync_)(void*, Communicator&, const Reducer&, grad_sync_options);
+  void (*sync_)(void*, communicator_type&, const Reducer&, grad_sync_options);
 };
+
+template <class Optimizer, class Communicator, class Params>
+distributed_optimizer(Optimizer, Communicator&, Params&)
+    -> distributed_optimizer<Optimizer, Communicator, mean>;
+template <class Optimizer, class Communicator, class Params>
+distributed_optimizer(Optimizer, Communicator&, Params&, distributed_optimizer_options)
+    -> distributed_optimizer<Optimizer, Communicator, mean>;
+template <class Optimizer, class Communicator, class Params, class Reducer>
+distributed_optimizer(Optimizer, Communicator&, Params&, distributed_optimizer_options, Reducer)
+    -> distributed_optimizer<Optimizer, Communicator, Reducer>;
 
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -10,8 +10,10 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/transport/mpi.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -31,11 +33,13 @@ public:
     total += weight;
   }
 
-  //! This rank's own means.
+  //! This rank's own means; a metric with no weight here has none (it is left out).
   std::map<std::string, double> means() const {
     std::map<std::string, double> result;
     for (const auto& [name, s] : sums_) {
-      result[name] = s.first / s.second;
+      if (s.second != 0.0) {
+        result[name] = s.first / s.second;
+      }
     }
     return result;
   }
@@ -47,43 +51,73 @@ private:
   std::map<std::string, std::pair<double, double>> sums_;
 };
 
+namespace detail {
+// The metric names every rank reduces. They must be the same on every rank, except that a rank
+// with no metrics at all (an empty evaluation shard) takes the others' names and contributes
+// zeros. Always checked, whatever check_agreement says: an empty rank must learn the names, and
+// a metric reduction runs once per evaluation, not once per step.
+template <communicator Communicator>
+std::vector<std::string> agree_on_metric_names(Communicator& comm, const local_metrics& metrics) {
+  std::vector<std::string> names;
+  detail::fingerprint f;
+  f.add(metrics.sums().size());
+  for (const auto& entry : metrics.sums()) {
+    names.push_back(entry.first);
+    f.add(entry.first);
+  }
+  std::uint64_t bounds[2] = {f.value(), ~f.value()};
+  const boost::mpi::communicator& world = comm.mpi_comm();
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_UINT64_T, MPI_MAX, world),
+             "MPI_Allreduce (metric names)", world);
+  if (bounds[0] == ~bounds[1]) {
+    return names;
+  }
+  const auto all = comm.allgather_obj(names);
+  std::size_t reference = all.size();
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) {
+      continue;
+    }
+    if (reference == all.size()) {
+      reference = r;
+    } else if (all[r] != all[reference]) {
+      std::vector<std::vector<signature_entry>> described(all.size());
+      for (std::size_t q = 0; q < all.size(); ++q) {
+        for (const auto& name : all[q].empty() ? all[reference] : all[q]) {
+          described[q].push_back({"a metric", "'" + name + "'"});
+        }
+      }
+      throw mismatch_error(describe_mismatch("allreduce_mean", described, reference));
+    }
+  }
+  return reference == all.size() ? names : all[reference];
+}
+} // namespace detail
+
 //! The global mean of each metric: (sum over ranks of weighted sums) / (sum of weights).
-//! Collective; every rank must have the same metric names (else `mismatch_error` naming the
-//! first that differs). A metric whose total weight is zero on every rank has no mean: throws.
+//! Collective. Every rank must have the same metric names (else `mismatch_error` naming the
+//! first that differs), or none at all (a rank with an empty shard). A metric whose total weight
+//! is zero on every rank has no mean: throws `invalid_argument`.
 template <communicator Communicator>
 std::map<std::string, double> allreduce_mean(Communicator& comm, const local_metrics& metrics) {
-  const auto& sums = metrics.sums();
-  if (comm.options().check_agreement) {
-    detail::fingerprint f;
-    f.add(sums.size());
-    for (const auto& entry : sums) {
-      f.add(entry.first);
-    }
-    detail::require_agreement(comm.mpi_comm(), "allreduce_mean", f.value(), [&] {
-      std::vector<detail::signature_entry> entries;
-      for (const auto& entry : sums) {
-        entries.push_back({"a metric", "'" + entry.first + "'"});
-      }
-      return entries;
-    });
-  }
+  const auto names = detail::agree_on_metric_names(comm, metrics);
   std::vector<double> packed;
-  packed.reserve(2 * sums.size());
-  for (const auto& entry : sums) {
-    packed.push_back(entry.second.first);
-    packed.push_back(entry.second.second);
+  packed.reserve(2 * names.size());
+  for (const auto& name : names) {
+    const auto found = metrics.sums().find(name);
+    const bool present = found != metrics.sums().end();
+    packed.push_back(present ? found->second.first : 0.0);
+    packed.push_back(present ? found->second.second : 0.0);
   }
   comm.allreduce(packed, reduce_op::sum);
   std::map<std::string, double> result;
-  std::size_t i = 0;
-  for (const auto& entry : sums) {
-    const double weight = packed[i + 1];
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const double weight = packed[2 * i + 1];
     if (weight == 0.0) {
-      throw invalid_argument("cohort: allreduce_mean: metric '" + entry.first +
+      throw invalid_argument("cohort: allreduce_mean: metric '" + names[i] +
                              "' has no samples on any rank");
     }
-    result[entry.first] = packed[i] / weight;
-    i += 2;
+    result[names[i]] = packed[2 * i] / weight;
   }
   return result;
 }

@@ -118,10 +118,13 @@ struct shard_plan {
 
   template <class Archive>
   void serialize(Archive& archive, unsigned) {
-    archive& total;
-    archive& shuffle;
-    archive& seed;
-    archive& force_equal_length;
+    // clang-format would take Boost's `archive & member` for a declaration.
+    // clang-format off
+    archive & total;
+    archive & shuffle;
+    archive & seed;
+    archive & force_equal_length;
+    // clang-format on
   }
 };
 
