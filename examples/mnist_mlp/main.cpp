@@ -1,0 +1,638 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// A trainer as it looks without any framework: a 784-hidden-10 perceptron with its weights and
+// gradients in std::vector<float>, written for one process, then made data-parallel by the four
+// changes of cohort's design, each marked "cohort change n/4". Everything else is the
+// single-process trainer: same model, same optimizer, same loop.
+//
+//   mpirun -np 2 ./mnist_mlp                  # synthetic MNIST-shaped data, made up from --seed
+//   mpirun -np 2 ./mnist_mlp --data ~/mnist   # the four uncompressed MNIST IDX files
+//
+// The global batch is fixed and each rank takes global-batch / ranks examples of it, so that every
+// step averages the gradient over global-batch examples whatever the number of ranks: 1 and 2
+// ranks train alike (not bit for bit, since the shards put other examples in each step) and reach
+// the same accuracy.
+
+#include <cohort/cohort.hpp>
+
+#include <boost/mpi/environment.hpp>
+#include <boost/serialization/array.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t image_side = 28;
+constexpr std::size_t image_pixels = image_side * image_side;
+constexpr std::size_t classes = 10;
+
+// ---- data --------------------------------------------------------------------------------------
+
+struct example {
+  std::array<float, image_pixels> pixels{};
+  std::uint8_t label = 0;
+
+  // scatter_dataset sends examples through Boost.Serialization. (clang-format would take
+  // "archive & pixels" for the declaration of a reference.)
+  template <class Archive>
+  void serialize(Archive& archive, unsigned /*version*/) {
+    // clang-format off
+    archive & pixels;
+    archive & label;
+    // clang-format on
+  }
+};
+
+using dataset = std::vector<example>;
+
+struct mnist {
+  dataset train;
+  dataset test;
+};
+
+// Our own draws rather than std::uniform_real_distribution, whose output is
+// implementation-defined: the same seed gives the same draws with any standard library.
+float uniform(std::mt19937_64& engine) {
+  return static_cast<float>(engine() >> 40) * 0x1p-24f; // [0, 1), 24 random bits
+}
+float uniform(std::mt19937_64& engine, float low, float high) {
+  return low + (high - low) * uniform(engine);
+}
+std::size_t uniform_index(std::mt19937_64& engine, std::size_t n) {
+  return static_cast<std::size_t>(engine() % n); // the modulo bias is negligible for n this small
+}
+
+// Ten class prototypes, each a few soft blobs, and examples that are a prototype shifted by up to
+// two pixels, dimmed, noisy, and in a quarter of the cases blended with another class's prototype
+// at 20-40%. 5% of the labels are wrong, as in real datasets, which caps the reachable accuracy
+// near 95%: learnable, but not trivially perfect. Wrong labels cap it rather than blends too close
+// to call: every model misses a wrong label, but two models split the close calls differently, and
+// the 1- and 2-rank runs would then differ by more than their training does.
+mnist make_synthetic(std::size_t train_size, std::size_t test_size, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::array<std::array<float, image_pixels>, classes> prototypes{};
+  for (auto& prototype : prototypes) {
+    for (int blob = 0; blob < 4; ++blob) {
+      const float cx = uniform(engine, 5.0f, 22.0f);
+      const float cy = uniform(engine, 5.0f, 22.0f);
+      const float sigma = uniform(engine, 1.5f, 3.0f);
+      for (std::size_t y = 0; y < image_side; ++y) {
+        for (std::size_t x = 0; x < image_side; ++x) {
+          const float dx = static_cast<float>(x) - cx;
+          const float dy = static_cast<float>(y) - cy;
+          float& pixel = prototype[y * image_side + x];
+          pixel = std::max(pixel, std::exp(-(dx * dx + dy * dy) / (2.0f * sigma * sigma)));
+        }
+      }
+    }
+  }
+  const auto shifted = [&](std::size_t c, int sx, int sy, std::size_t x, std::size_t y) {
+    const auto from_x = static_cast<long>(x) - sx;
+    const auto from_y = static_cast<long>(y) - sy;
+    const auto side = static_cast<long>(image_side);
+    if (from_x < 0 || from_y < 0 || from_x >= side || from_y >= side) {
+      return 0.0f;
+    }
+    return prototypes[c][static_cast<std::size_t>(from_y * side + from_x)];
+  };
+  const auto make = [&](std::size_t n) {
+    dataset examples(n);
+    for (auto& e : examples) {
+      e.label = static_cast<std::uint8_t>(uniform_index(engine, classes));
+      const std::size_t other = (e.label + 1 + uniform_index(engine, classes - 1)) % classes;
+      const float blend = uniform(engine) < 0.25f ? uniform(engine, 0.2f, 0.4f) : 0.0f;
+      const float brightness = uniform(engine, 0.6f, 1.0f);
+      const int sx = static_cast<int>(uniform_index(engine, 5)) - 2;
+      const int sy = static_cast<int>(uniform_index(engine, 5)) - 2;
+      for (std::size_t y = 0; y < image_side; ++y) {
+        for (std::size_t x = 0; x < image_side; ++x) {
+          const float clean = (1.0f - blend) * shifted(e.label, sx, sy, x, y) +
+                              blend * shifted(other, sx, sy, x, y);
+          const float noisy = brightness * clean + uniform(engine, -0.2f, 0.2f);
+          e.pixels[y * image_side + x] = std::clamp(noisy, 0.0f, 1.0f);
+        }
+      }
+      if (uniform(engine) < 0.05f) {
+        e.label =
+            static_cast<std::uint8_t>((e.label + 1 + uniform_index(engine, classes - 1)) % classes);
+      }
+    }
+    return examples;
+  };
+  mnist data;
+  data.train = make(train_size);
+  data.test = make(test_size);
+  return data;
+}
+
+// MNIST's IDX format: a big-endian magic number (0x0000, the type 0x08 for unsigned bytes, the
+// number of dimensions), one big-endian 32-bit size per dimension, then the bytes.
+class idx_reader {
+public:
+  explicit idx_reader(std::filesystem::path file)
+      : file_(std::move(file))
+      , in_(file_, std::ios::binary) {
+    if (!in_) {
+      fail("cannot be opened (--data must name the directory holding the four uncompressed MNIST "
+           "IDX files)");
+    }
+  }
+
+  // Reads the magic number and the dimensions, checking them against what the caller expects.
+  std::vector<std::uint32_t> header(std::uint32_t magic, const char* kind) {
+    const std::uint32_t found = read_u32("magic number");
+    if ((found >> 16) == 0x1f8b) {
+      fail("is gzip-compressed: decompress it first (gunzip)");
+    }
+    if (found != magic) {
+      fail("has magic number " + std::to_string(found) + " where " + std::to_string(magic) +
+           " (an IDX file of " + kind + ") was expected");
+    }
+    std::vector<std::uint32_t> dimensions(magic & 0xff);
+    for (auto& d : dimensions) {
+      d = read_u32("dimensions");
+    }
+    return dimensions;
+  }
+
+  std::vector<std::uint8_t> bytes(std::size_t count) {
+    std::vector<std::uint8_t> data(count);
+    in_.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(count));
+    if (static_cast<std::size_t>(in_.gcount()) != count) {
+      fail("is truncated: " + std::to_string(count) +
+           " bytes of data should follow its header, but only " + std::to_string(in_.gcount()) +
+           " do");
+    }
+    return data;
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("MNIST file " + file_.string() + " " + what);
+  }
+
+private:
+  std::uint32_t read_u32(const char* field) {
+    std::array<unsigned char, 4> b{};
+    in_.read(reinterpret_cast<char*>(b.data()), b.size());
+    if (in_.gcount() != 4) {
+      fail(std::string("is truncated: it ends inside its header (") + field + ")");
+    }
+    return std::uint32_t{b[0]} << 24 | std::uint32_t{b[1]} << 16 | std::uint32_t{b[2]} << 8 | b[3];
+  }
+
+  std::filesystem::path file_;
+  std::ifstream in_;
+};
+
+dataset read_mnist_split(const std::filesystem::path& dir, const std::string& prefix,
+                         std::optional<std::size_t> limit) {
+  idx_reader images(dir / (prefix + "-images-idx3-ubyte"));
+  const auto shape = images.header(2051, "images");
+  if (shape[1] != image_side || shape[2] != image_side) {
+    images.fail("holds " + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
+                " images where 28x28 were expected");
+  }
+  idx_reader labels(dir / (prefix + "-labels-idx1-ubyte"));
+  const auto count = labels.header(2049, "labels")[0];
+  if (count != shape[0]) {
+    labels.fail("holds " + std::to_string(count) + " labels but its images file holds " +
+                std::to_string(shape[0]) + " images");
+  }
+  const std::size_t n = std::min<std::size_t>(count, limit.value_or(count));
+  const auto pixels = images.bytes(n * image_pixels);
+  const auto label_bytes = labels.bytes(n);
+  dataset examples(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (label_bytes[i] >= classes) {
+      labels.fail("holds label " + std::to_string(label_bytes[i]) + " at index " +
+                  std::to_string(i) + "; labels must be 0 to 9");
+    }
+    examples[i].label = label_bytes[i];
+    for (std::size_t p = 0; p < image_pixels; ++p) {
+      examples[i].pixels[p] = static_cast<float>(pixels[i * image_pixels + p]) / 255.0f;
+    }
+  }
+  return examples;
+}
+
+// ---- model -------------------------------------------------------------------------------------
+
+// A trainable tensor as the optimizer sees it: a name and pointers to its value and gradient.
+// cohort's parameter_ref is exactly that record, and cohort already knows how to read it.
+using parameter = cohort::parameter_ref<std::vector<float>>;
+
+struct prediction {
+  float loss = 0;
+  bool correct = false;
+};
+
+// 784 -> hidden (ReLU) -> 10, softmax cross-entropy. Weights are row-major, one row per output,
+// so that both the forward products and the weight-gradient updates run along contiguous rows.
+class mlp {
+public:
+  mlp(std::size_t hidden, std::uint64_t seed)
+      : hidden_(hidden)
+      , w1_(hidden * image_pixels)
+      , b1_(hidden)
+      , w2_(classes * hidden)
+      , b2_(classes)
+      , gw1_(w1_.size())
+      , gb1_(b1_.size())
+      , gw2_(w2_.size())
+      , gb2_(b2_.size())
+      , h_(hidden)
+      , dh_(hidden) {
+    // He-uniform: keeps the ReLU activations' variance from shrinking or growing with the width.
+    std::mt19937_64 engine(seed ^ 0x5eed'0f'ba5e'ba11ull);
+    const float bound1 = std::sqrt(6.0f / static_cast<float>(image_pixels));
+    const float bound2 = std::sqrt(6.0f / static_cast<float>(hidden));
+    for (auto& w : w1_) {
+      w = uniform(engine, -bound1, bound1);
+    }
+    for (auto& w : w2_) {
+      w = uniform(engine, -bound2, bound2);
+    }
+  }
+
+  // Holds pointers into the model: the model must not move while they are used.
+  std::vector<parameter> parameters() {
+    return {{"fc1.weight", &w1_, &gw1_},
+            {"fc1.bias", &b1_, &gb1_},
+            {"fc2.weight", &w2_, &gw2_},
+            {"fc2.bias", &b2_, &gb2_}};
+  }
+
+  void zero_grad() {
+    for (auto* g : {&gw1_, &gb1_, &gw2_, &gb2_}) {
+      std::fill(g->begin(), g->end(), 0.0f);
+    }
+  }
+
+  prediction evaluate(const example& e) {
+    std::array<float, classes> p{};
+    return forward(e, p);
+  }
+
+  // Adds `scale` times the gradient of this example's loss (scale = 1 / batch: the batch mean).
+  prediction train(const example& e, float scale) {
+    std::array<float, classes> p{};
+    const prediction result = forward(e, p);
+    p[e.label] -= 1.0f; // d loss / d logits = softmax - one_hot
+    std::fill(dh_.begin(), dh_.end(), 0.0f);
+    for (std::size_t k = 0; k < classes; ++k) {
+      const float dz = scale * p[k];
+      gb2_[k] += dz;
+      float* gw = &gw2_[k * hidden_];
+      const float* w = &w2_[k * hidden_];
+      for (std::size_t j = 0; j < hidden_; ++j) {
+        gw[j] += dz * h_[j];
+        dh_[j] += dz * w[j];
+      }
+    }
+    for (std::size_t j = 0; j < hidden_; ++j) {
+      if (h_[j] <= 0.0f) {
+        continue; // ReLU passes no gradient, and most rows are skipped cheaply
+      }
+      gb1_[j] += dh_[j];
+      float* gw = &gw1_[j * image_pixels];
+      for (std::size_t i = 0; i < image_pixels; ++i) {
+        gw[i] += dh_[j] * e.pixels[i];
+      }
+    }
+    return result;
+  }
+
+private:
+  // Leaves the hidden activations in h_ and the class probabilities in p.
+  prediction forward(const example& e, std::array<float, classes>& p) {
+    for (std::size_t j = 0; j < hidden_; ++j) {
+      const float* w = &w1_[j * image_pixels];
+      float sum = b1_[j];
+      for (std::size_t i = 0; i < image_pixels; ++i) {
+        sum += w[i] * e.pixels[i];
+      }
+      h_[j] = std::max(sum, 0.0f);
+    }
+    for (std::size_t k = 0; k < classes; ++k) {
+      const float* w = &w2_[k * hidden_];
+      float sum = b2_[k];
+      for (std::size_t j = 0; j < hidden_; ++j) {
+        sum += w[j] * h_[j];
+      }
+      p[k] = sum;
+    }
+    const auto best = static_cast<std::size_t>(std::max_element(p.begin(), p.end()) - p.begin());
+    // Softmax and its log shifted by the largest logit, so that exp never overflows.
+    const float top = p[best];
+    const float label_logit = p[e.label] - top;
+    float total = 0.0f;
+    for (auto& v : p) {
+      v = std::exp(v - top);
+      total += v;
+    }
+    for (auto& v : p) {
+      v /= total;
+    }
+    return {std::log(total) - label_logit, best == e.label};
+  }
+
+  std::size_t hidden_;
+  std::vector<float> w1_, b1_, w2_, b2_;
+  std::vector<float> gw1_, gb1_, gw2_, gb2_;
+  std::vector<float> h_, dh_;
+};
+
+// Stochastic gradient descent, with momentum when `momentum` > 0 (v = m v + g; w -= lr v).
+class sgd {
+public:
+  sgd(float lr, float momentum, std::vector<parameter>& params)
+      : lr_(lr)
+      , momentum_(momentum)
+      , params_(&params) {
+    for (const auto& p : params) {
+      velocity_.emplace_back(p.value->size(), 0.0f);
+    }
+  }
+
+  void step() {
+    for (std::size_t n = 0; n < params_->size(); ++n) {
+      auto& w = *(*params_)[n].value;
+      const auto& g = *(*params_)[n].grad;
+      auto& v = velocity_[n];
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        v[i] = momentum_ * v[i] + g[i];
+        w[i] -= lr_ * v[i];
+      }
+    }
+  }
+
+private:
+  float lr_;
+  float momentum_;
+  std::vector<parameter>* params_;
+  std::vector<std::vector<float>> velocity_;
+};
+
+// ---- command line ------------------------------------------------------------------------------
+
+constexpr std::string_view usage = R"(usage: mnist_mlp [options]
+  --epochs N         passes over the training set (default 3)
+  --global-batch B   examples per step over all ranks; each rank takes B / ranks, so B must be a
+                     multiple of the number of ranks (default 64)
+  --lr X             learning rate (default 0.02)
+  --momentum M       SGD momentum, 0 for plain SGD (default 0.9)
+  --hidden H         hidden units (default 64)
+  --data DIR         read MNIST from DIR (train-images-idx3-ubyte, train-labels-idx1-ubyte,
+                     t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, uncompressed); without it,
+                     a synthetic MNIST-shaped set is made up from --seed
+  --train-size N     training examples (synthetic: default 6000; MNIST: at most N, default all)
+  --test-size N      test examples (synthetic: default 1000; MNIST: at most N, default all)
+  --seed S           seeds the synthetic data, the weights and the shuffling (default 1)
+  --help             print this and exit
+)";
+
+// A mistake on the command line: every rank makes it, so every rank can stop without hanging.
+class usage_error : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  int epochs = 3;
+  std::size_t global_batch = 64;
+  float lr = 0.02f;
+  float momentum = 0.9f;
+  std::size_t hidden = 64;
+  std::string data_dir;
+  std::optional<std::size_t> train_size;
+  std::optional<std::size_t> test_size;
+  std::uint64_t seed = 1;
+  bool help = false;
+};
+
+template <class T>
+T parse_value(std::string_view flag, std::string_view text) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || text.empty()) {
+    throw usage_error(std::string(flag) + " expects a number, not '" + std::string(text) + "'");
+  }
+  return value;
+}
+
+template <class T>
+T parse_at_least(std::string_view flag, std::string_view text, T minimum) {
+  const T value = parse_value<T>(flag, text);
+  if (value < minimum) {
+    throw usage_error(std::string(flag) + " must be at least " + std::to_string(minimum) +
+                      ", not " + std::string(text));
+  }
+  return value;
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view flag = argv[i];
+    std::optional<std::string_view> inline_value;
+    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+      continue;
+    }
+    const auto value = [&]() -> std::string_view {
+      if (inline_value) {
+        return *inline_value;
+      }
+      if (i + 1 >= argc) {
+        throw usage_error(std::string(flag) + " needs a value");
+      }
+      return argv[++i];
+    };
+    if (flag == "--epochs") {
+      o.epochs = parse_at_least(flag, value(), 1);
+    } else if (flag == "--global-batch") {
+      o.global_batch = parse_at_least<std::size_t>(flag, value(), 1);
+    } else if (flag == "--lr") {
+      o.lr = parse_value<float>(flag, value());
+      if (!(o.lr > 0.0f)) {
+        throw usage_error("--lr must be positive");
+      }
+    } else if (flag == "--momentum") {
+      o.momentum = parse_value<float>(flag, value());
+      if (!(o.momentum >= 0.0f && o.momentum < 1.0f)) {
+        throw usage_error("--momentum must be in [0, 1)");
+      }
+    } else if (flag == "--hidden") {
+      o.hidden = parse_at_least<std::size_t>(flag, value(), 1);
+    } else if (flag == "--data") {
+      o.data_dir = std::string(value());
+    } else if (flag == "--train-size") {
+      o.train_size = parse_at_least<std::size_t>(flag, value(), 1);
+    } else if (flag == "--test-size") {
+      o.test_size = parse_at_least<std::size_t>(flag, value(), 1);
+    } else if (flag == "--seed") {
+      o.seed = parse_value<std::uint64_t>(flag, value());
+    } else {
+      throw usage_error("unknown option '" + std::string(argv[i]) + "'");
+    }
+  }
+  return o;
+}
+
+mnist load_data(const options& o) {
+  if (o.data_dir.empty()) {
+    return make_synthetic(o.train_size.value_or(6000), o.test_size.value_or(1000), o.seed);
+  }
+  mnist data;
+  data.train = read_mnist_split(o.data_dir, "train", o.train_size);
+  data.test = read_mnist_split(o.data_dir, "t10k", o.test_size);
+  return data;
+}
+
+// ---- training ----------------------------------------------------------------------------------
+
+template <cohort::communicator Communicator>
+int train(const options& o, Communicator& comm) {
+  if (o.global_batch % static_cast<std::size_t>(comm.size()) != 0) {
+    throw usage_error("--global-batch " + std::to_string(o.global_batch) +
+                      " is not a multiple of the " + std::to_string(comm.size()) +
+                      " ranks: each rank takes global-batch / ranks examples per step");
+  }
+  const std::size_t local_batch = o.global_batch / static_cast<std::size_t>(comm.size());
+  const bool report = comm.rank() == 0;
+
+  // cohort change 3/4: only rank 0 reads (or makes up) the data, and scatter_dataset sends every
+  // rank its own shard. Training shards have equal lengths, so that every rank runs the same
+  // number of steps (a rank short of a step would leave the others waiting in the all-reduce);
+  // test shards are an exact partition, so that each test example is counted once.
+  dataset train_set;
+  dataset test_set;
+  if (comm.rank() == 0) {
+    auto data = load_data(o);
+    train_set = std::move(data.train);
+    test_set = std::move(data.test);
+  }
+  auto train_shard = cohort::scatter_dataset(
+      train_set, comm, {.shuffle = true, .seed = o.seed, .force_equal_length = true});
+  const auto test_shard = cohort::scatter_dataset(test_set, comm, {.force_equal_length = false});
+  // The root's copy of the whole dataset is no longer needed.
+  train_set = {};
+  test_set = {};
+
+  mlp model(o.hidden, o.seed);
+  std::vector<parameter> params = model.parameters();
+
+  // cohort change 2/4: the optimizer is wrapped. Construction copies rank 0's weights to every
+  // rank, and step() replaces each rank's gradient by the mean over the ranks before stepping,
+  // so that every replica takes the same step.
+  cohort::distributed_optimizer<sgd, Communicator, cohort::mean> opt{sgd{o.lr, o.momentum, params},
+                                                                     comm, params};
+
+  if (report) {
+    std::printf("mnist_mlp: %d rank(s), global batch %zu (%zu per rank), %zu hidden units, %s\n",
+                comm.size(), o.global_batch, local_batch, o.hidden,
+                o.data_dir.empty() ? "synthetic data" : o.data_dir.c_str());
+    std::fflush(stdout);
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    const auto epoch_start = std::chrono::steady_clock::now();
+    train_shard.set_epoch(static_cast<std::uint64_t>(epoch));
+    cohort::local_metrics metrics;
+    for (std::size_t begin = 0; begin < train_shard.size(); begin += local_batch) {
+      const std::size_t end = std::min(train_shard.size(), begin + local_batch);
+      const auto batch = static_cast<float>(end - begin);
+      model.zero_grad();
+      for (std::size_t i = begin; i < end; ++i) {
+        const prediction p = model.train(train_shard[i], 1.0f / batch);
+        metrics.add("loss", p.loss);
+        metrics.add("accuracy", p.correct ? 1.0 : 0.0);
+      }
+      opt.step();
+    }
+    // cohort change 4/4: metrics are averaged over all ranks' samples, not over this rank's.
+    const auto global = cohort::allreduce_mean(comm, metrics);
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - epoch_start;
+    if (report) {
+      std::printf("epoch %d/%d: train loss %.4f, train accuracy %.4f, %.2f s\n", epoch + 1,
+                  o.epochs, global.at("loss"), global.at("accuracy"), seconds.count());
+      std::fflush(stdout);
+    }
+  }
+  const std::chrono::duration<double> training_seconds = std::chrono::steady_clock::now() - start;
+
+  // A rank whose test shard is empty (fewer test examples than ranks) adds no metric at all;
+  // allreduce_mean counts it as contributing nothing.
+  cohort::local_metrics test_metrics;
+  for (std::size_t i = 0; i < test_shard.size(); ++i) {
+    const prediction p = model.evaluate(test_shard[i]);
+    test_metrics.add("loss", p.loss);
+    test_metrics.add("accuracy", p.correct ? 1.0 : 0.0);
+  }
+  // cohort change 4/4: weighted by each rank's number of test examples, so the accuracy is that
+  // of the whole test set even when the shards differ in size.
+  const auto test = cohort::allreduce_mean(comm, test_metrics);
+  if (report) {
+    std::printf("training took %.2f s; test loss %.4f\n", training_seconds.count(),
+                test.at("loss"));
+    std::printf("test accuracy: %.4f\n", test.at("accuracy"));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  // cohort change 1/4: the program starts MPI (it owns the environment, for as long as cohort is
+  // used) and picks a gradient-reduction strategy at compile time: flat fuses all gradients into
+  // one all-reduce per step.
+  boost::mpi::environment env{argc, argv};
+  auto comm = cohort::make_communicator<cohort::flat>();
+
+  try {
+    const options o = parse_options(argc, argv);
+    if (o.help) {
+      if (comm.rank() == 0) {
+        std::fputs(usage.data(), stdout);
+      }
+      return 0;
+    }
+    return train(o, comm);
+  } catch (const usage_error& e) {
+    if (comm.rank() == 0) {
+      std::fprintf(stderr, "mnist_mlp: %s\n\n%s", e.what(), usage.data());
+    }
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist_mlp: rank %d: %s\n", comm.rank(), e.what());
+    // A failure on one rank (an unreadable file on rank 0, say) leaves the others waiting in a
+    // collective forever: take them all down instead.
+    if (comm.size() > 1) {
+      env.abort(1);
+    }
+    return 1;
+  }
+}
