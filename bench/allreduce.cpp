@@ -1,0 +1,424 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Gradient all-reduce bandwidth of cohort's naive and flat strategies against one raw
+// MPI_Allreduce of the same bytes, in the layout of nccl-tests' all_reduce_perf, so that the
+// numbers read like the ones people already know.
+//
+// For each size S the ranks build a gradient set of float32 tensors of S bytes in all, each at
+// most --tensor-bytes (1 MiB by default: a model has many tensors, so naive pays one all-reduce
+// per tensor as it would in training). naive and flat reduce the same gradient set, raw one
+// contiguous buffer of the same size, and the methods take turns within each repetition, so that
+// a noisy neighbour or a change of CPU clock hits them all alike. A sample is the time of the
+// slowest rank (a step waits for it); the median of the samples is reported, because on a shared
+// machine the mean follows the outliers.
+//
+//   mpirun -np 4 ./bench_allreduce [--min-bytes 4K] [--max-bytes 256M] [--iters 20] ...
+//
+// Before it is timed, each method reduces known values once and the result is checked on every
+// rank: a benchmark that measures a wrong answer measures nothing.
+
+#include <cohort/cohort.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <boost/mpi/environment.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t kib = std::size_t{1} << 10;
+constexpr std::size_t mib = std::size_t{1} << 20;
+constexpr std::size_t gib = std::size_t{1} << 30;
+
+struct settings {
+  std::size_t min_bytes = 4 * kib;
+  std::size_t max_bytes = 256 * mib;
+  std::size_t tensor_bytes = 1 * mib;
+  // Small sizes are cheap, and on a shared or oversubscribed machine their times are bimodal
+  // (a rank descheduled or not), so their median needs more than a handful of samples. From
+  // `large_bytes` up one call takes long enough (0.03-0.5 s at 2-4 ranks on 2 cores) for fewer
+  // to do, and the full sweep stays near a minute. 0: min(iters, 10).
+  int iters = 20;
+  std::size_t large_bytes = 64 * mib;
+  int large_iters = 0;
+  int warmup = 1;
+  bool unchecked_rows = true;
+  bool help = false;
+};
+
+constexpr const char* usage =
+    "usage: bench_allreduce [options]\n"
+    "  --min-bytes B     smallest size, in bytes (suffix K, M or G: powers of 1024; default 4K)\n"
+    "  --max-bytes B     largest size (default 256M); sizes double from min to max\n"
+    "  --tensor-bytes B  largest tensor of the gradient set (default 1M)\n"
+    "  --iters N         timed repetitions per size, median reported (default 20)\n"
+    "  --large-iters N   timed repetitions from --large-bytes up (default 10, at most --iters)\n"
+    "  --large-bytes B   where --large-iters starts (default 64M)\n"
+    "  --warmup N        untimed repetitions per size before timing (default 1)\n"
+    "  --checked-only    leave out the rows with the agreement check off\n"
+    "  --quick           4K to 1M, 3 repetitions: a smoke run\n"
+    "  --help            this text\n";
+
+// "4096", "4K", "4KiB", "256M", "1G": binary multiples, as sizes of buffers are.
+std::size_t parse_bytes(std::string_view flag, std::string_view text) {
+  std::size_t value = 0;
+  const auto [rest, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  std::string_view suffix(rest, static_cast<std::size_t>(text.data() + text.size() - rest));
+  std::size_t unit = 1;
+  if (!suffix.empty()) {
+    switch (suffix.front()) {
+    case 'K':
+    case 'k':
+      unit = kib;
+      break;
+    case 'M':
+    case 'm':
+      unit = mib;
+      break;
+    case 'G':
+    case 'g':
+      unit = gib;
+      break;
+    default:
+      unit = 0;
+      break;
+    }
+    suffix.remove_prefix(1);
+    if (suffix == "iB" || suffix == "B") {
+      suffix = {};
+    }
+  }
+  if (error != std::errc{} || unit == 0 || !suffix.empty() || value > SIZE_MAX / unit) {
+    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) +
+                                "' is not a size in bytes");
+  }
+  return value * unit;
+}
+
+int parse_count(std::string_view flag, std::string_view text, int minimum) {
+  int value = 0;
+  const auto [rest, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || rest != text.data() + text.size() || value < minimum) {
+    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) +
+                                "' is not a whole number >= " + std::to_string(minimum));
+  }
+  return value;
+}
+
+// Every rank parses the same command line, so every rank reaches the same verdict.
+settings parse(int argc, char** argv) {
+  settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    const auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) {
+        throw std::invalid_argument(std::string(flag) + " needs a value");
+      }
+      return argv[++i];
+    };
+    if (flag == "--min-bytes") {
+      s.min_bytes = parse_bytes(flag, value());
+    } else if (flag == "--max-bytes") {
+      s.max_bytes = parse_bytes(flag, value());
+    } else if (flag == "--tensor-bytes") {
+      s.tensor_bytes = parse_bytes(flag, value());
+    } else if (flag == "--iters") {
+      s.iters = parse_count(flag, value(), 1);
+    } else if (flag == "--large-iters") {
+      s.large_iters = parse_count(flag, value(), 1);
+    } else if (flag == "--large-bytes") {
+      s.large_bytes = parse_bytes(flag, value());
+    } else if (flag == "--warmup") {
+      s.warmup = parse_count(flag, value(), 0);
+    } else if (flag == "--checked-only") {
+      s.unchecked_rows = false;
+    } else if (flag == "--quick") {
+      s.min_bytes = 4 * kib;
+      s.max_bytes = 1 * mib;
+      s.iters = 3;
+    } else if (flag == "--help" || flag == "-h") {
+      s.help = true;
+    } else {
+      throw std::invalid_argument("unknown option '" + std::string(flag) + "'");
+    }
+  }
+  if (s.min_bytes < sizeof(float) || s.tensor_bytes < sizeof(float)) {
+    throw std::invalid_argument("--min-bytes and --tensor-bytes must be at least 4 (one float)");
+  }
+  if (s.max_bytes < s.min_bytes) {
+    throw std::invalid_argument("--max-bytes is smaller than --min-bytes");
+  }
+  // The raw row is one MPI call, whose count is an int.
+  if (s.max_bytes / sizeof(float) > static_cast<std::size_t>(INT_MAX)) {
+    throw std::invalid_argument("--max-bytes is above what one MPI_Allreduce of floats can take");
+  }
+  if (s.large_iters == 0) {
+    s.large_iters = std::min(s.iters, 10);
+  }
+  return s;
+}
+
+using float_param = cohort::parameter_ref<std::vector<float>>;
+
+// A model's gradients as a trainer holds them: each parameter a value and a gradient vector.
+// The values are never read by allreduce_grad but must be there with the right size, as in a
+// model. `params` points into the other two, which are not resized after it is built.
+struct gradient_set {
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> grads;
+  std::vector<float_param> params;
+
+  gradient_set(std::size_t elements, std::size_t per_tensor) {
+    for (std::size_t begin = 0; begin < elements; begin += per_tensor) {
+      const std::size_t n = std::min(per_tensor, elements - begin);
+      values.emplace_back(n, 0.0f);
+      grads.emplace_back(n, 0.0f);
+    }
+    params.reserve(grads.size());
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      params.push_back({"layer" + std::to_string(i), &values[i], &grads[i]});
+    }
+  }
+
+  void fill(float x) {
+    for (auto& g : grads) {
+      std::fill(g.begin(), g.end(), x);
+    }
+  }
+  std::size_t count_not_equal(float x) const {
+    std::size_t wrong = 0;
+    for (const auto& g : grads) {
+      wrong += static_cast<std::size_t>(
+          std::count_if(g.begin(), g.end(), [x](float y) { return y != x; }));
+    }
+    return wrong;
+  }
+};
+
+struct method {
+  std::string_view name;
+  std::function<void()> run;
+  std::function<void(float)> fill;
+  std::function<std::size_t(float)> count_not_equal;
+};
+
+// One sample: all ranks start together, each times its own call, and the slowest one counts.
+double time_once(MPI_Comm comm, const method& m) {
+  cohort::mpi::check(MPI_Barrier(comm), "MPI_Barrier", comm);
+  const auto start = std::chrono::steady_clock::now();
+  m.run();
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  double slowest = elapsed.count();
+  cohort::mpi::check(MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm),
+                     "MPI_Allreduce (timing)", comm);
+  return slowest;
+}
+
+double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  const std::size_t mid = samples.size() / 2;
+  return samples.size() % 2 == 1 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
+}
+
+// Reduces rank + 1 from every rank once and checks for 1 + 2 + ... + n everywhere (exact in
+// float for any rank count this runs at). Then zeroes the buffers for timing, so that repeated
+// sums neither grow to infinity nor change what is being timed.
+void verify(MPI_Comm comm, const method& m, int rank, int ranks, std::size_t bytes) {
+  m.fill(static_cast<float>(rank + 1));
+  m.run();
+  const float expected = static_cast<float>(ranks) * static_cast<float>(ranks + 1) / 2;
+  unsigned long long wrong = m.count_not_equal(expected);
+  cohort::mpi::check(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm),
+                     "MPI_Allreduce (verification)", comm);
+  if (wrong != 0) {
+    throw std::runtime_error(std::string(m.name) + " at " + std::to_string(bytes) +
+                             " bytes: " + std::to_string(wrong) +
+                             " elements over all ranks are not " + std::to_string(expected));
+  }
+  m.fill(0.0f);
+}
+
+std::string mpi_library() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string line(text, static_cast<std::size_t>(length));
+  return line.substr(0, line.find_first_of(",\n"));
+}
+
+void print_header(const settings& s, int ranks, int nodes) {
+  std::printf("# cohort %d.%d.%d all-reduce benchmark (bench/allreduce.cpp); %s\n",
+              COHORT_VERSION_MAJOR, COHORT_VERSION_MINOR, COHORT_VERSION_PATCH,
+              mpi_library().c_str());
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__OPTIMIZE__)
+  std::printf("# WARNING: built without optimization: the packing in flat is timed at -O0\n");
+#endif
+  std::printf("# ranks: %d on %d node(s); float32, sum, in place\n", ranks, nodes);
+  std::printf("# sizes: %zu to %zu bytes; each point the median of %d timed runs", s.min_bytes,
+              s.max_bytes, s.iters);
+  if (s.large_iters != s.iters && s.large_bytes <= s.max_bytes) {
+    std::printf(" (%d from %zu bytes up)", s.large_iters, s.large_bytes);
+  }
+  std::printf(", after %d warmup run(s) and one verified run\n", s.warmup);
+  std::printf("# time: of the slowest rank, all ranks starting after a barrier\n");
+  std::printf("# naive, flat: allreduce_grad(params, cohort::sum{}) over float32 tensors of at "
+              "most %zu bytes each\n",
+              s.tensor_bytes);
+  std::printf("#   (naive: one MPI_Allreduce per tensor; flat: pack, one MPI_Allreduce, unpack)\n");
+  std::printf("# raw: one MPI_Allreduce(MPI_IN_PLACE) over one contiguous buffer of the same "
+              "bytes\n");
+  std::printf("# agreement check: on for naive and flat%s\n",
+              s.unchecked_rows ? "; off for naive/nocheck and flat/nocheck" : "");
+  std::printf("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (0 at one rank), as in "
+              "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time\n");
+  std::printf("#\n");
+  std::printf("# %11s %11s %8s %14s %12s %12s %12s %7s\n", "bytes", "elements", "tensors", "method",
+              "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs raw");
+  std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+  const boost::mpi::communicator world;
+  const int rank = world.rank();
+  const int ranks = world.size();
+
+  settings s;
+  try {
+    s = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    if (rank == 0) {
+      std::fprintf(stderr, "bench_allreduce: %s\n%s", e.what(), usage);
+    }
+    return 2;
+  }
+  if (s.help) {
+    if (rank == 0) {
+      std::fputs(usage, stdout);
+    }
+    return 0;
+  }
+
+  cohort::naive naive(world);
+  cohort::flat flat(world);
+  const cohort::communicator_options unchecked{.check_agreement = false};
+  cohort::naive naive_unchecked(world, unchecked);
+  cohort::flat flat_unchecked(world, unchecked);
+  // The raw calls go to a communicator of the same kind as cohort's (a duplicate of world), so
+  // that MPI picks its algorithm under the same conditions; the bookkeeping stays on world.
+  const MPI_Comm raw_comm = naive.mpi_comm();
+  const MPI_Comm bookkeeping = world;
+
+  if (rank == 0) {
+    print_header(s, ranks, naive.inter_size());
+  }
+  const double busbw_factor = 2.0 * (ranks - 1) / ranks;
+  const auto wall_start = std::chrono::steady_clock::now();
+
+  for (std::size_t bytes = s.min_bytes; bytes <= s.max_bytes;
+       bytes = bytes > s.max_bytes / 2 ? s.max_bytes + 1 : bytes * 2) {
+    const std::size_t elements = bytes / sizeof(float);
+    std::vector<float> contiguous(elements, 0.0f);
+    gradient_set grads(elements, std::max<std::size_t>(1, s.tensor_bytes / sizeof(float)));
+
+    const auto fill_raw = [&](float x) { std::fill(contiguous.begin(), contiguous.end(), x); };
+    const auto check_raw = [&](float x) {
+      return static_cast<std::size_t>(
+          std::count_if(contiguous.begin(), contiguous.end(), [x](float y) { return y != x; }));
+    };
+    const auto fill_grads = [&](float x) { grads.fill(x); };
+    const auto check_grads = [&](float x) { return grads.count_not_equal(x); };
+    const int count = static_cast<int>(elements);
+
+    std::vector<method> methods;
+    methods.push_back({"raw",
+                       [&] {
+                         cohort::mpi::check(MPI_Allreduce(MPI_IN_PLACE, contiguous.data(), count,
+                                                          MPI_FLOAT, MPI_SUM, raw_comm),
+                                            "MPI_Allreduce (raw)", raw_comm);
+                       },
+                       fill_raw, check_raw});
+    methods.push_back({"naive", [&] { naive.allreduce_grad(grads.params, cohort::sum{}); },
+                       fill_grads, check_grads});
+    if (s.unchecked_rows) {
+      methods.push_back({"naive/nocheck",
+                         [&] { naive_unchecked.allreduce_grad(grads.params, cohort::sum{}); },
+                         fill_grads, check_grads});
+    }
+    methods.push_back({"flat", [&] { flat.allreduce_grad(grads.params, cohort::sum{}); },
+                       fill_grads, check_grads});
+    if (s.unchecked_rows) {
+      methods.push_back({"flat/nocheck",
+                         [&] { flat_unchecked.allreduce_grad(grads.params, cohort::sum{}); },
+                         fill_grads, check_grads});
+    }
+
+    for (const auto& m : methods) {
+      verify(bookkeeping, m, rank, ranks, bytes);
+    }
+    for (int w = 0; w < s.warmup; ++w) {
+      for (const auto& m : methods) {
+        m.run();
+      }
+    }
+    const int iters = bytes >= s.large_bytes ? s.large_iters : s.iters;
+    std::vector<std::vector<double>> samples(methods.size());
+    for (int i = 0; i < iters; ++i) {
+      for (std::size_t k = 0; k < methods.size(); ++k) {
+        // Write the buffers first, as a backward pass writes the gradients before they are
+        // reduced: otherwise the methods sharing the gradient set find it in cache, left there by
+        // the one before, and raw, alone on its buffer, does not.
+        methods[k].fill(0.0f);
+        samples[k].push_back(time_once(bookkeeping, methods[k]));
+      }
+    }
+
+    if (rank == 0) {
+      const double raw_time = median(samples.front());
+      for (std::size_t k = 0; k < methods.size(); ++k) {
+        const double time = median(samples[k]);
+        const double algbw = static_cast<double>(bytes) / time / 1e9;
+        const std::string_view name = methods[k].name;
+        std::printf("  %11zu %11zu %8zu %14.*s %12.2f %12.3f %12.3f %7.2f\n", bytes, elements,
+                    grads.params.size(), static_cast<int>(name.size()), name.data(), time * 1e6,
+                    algbw, algbw * busbw_factor, time / raw_time);
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  if (rank == 0) {
+    const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - wall_start;
+    std::printf("# all results verified; wall time %.2f s\n", wall.count());
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const boost::mpi::environment env(argc, argv);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    // Other ranks may be waiting in a collective this rank will never join: end them all.
+    std::fprintf(stderr, "bench_allreduce on rank %d: %s\n", boost::mpi::communicator().rank(),
+                 e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
