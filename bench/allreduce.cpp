@@ -48,6 +48,8 @@ struct settings {
   std::size_t min_bytes = 4 * kib;
   std::size_t max_bytes = 256 * mib;
   std::size_t tensor_bytes = 1 * mib;
+  std::size_t fusion_bytes = cohort::communicator_options{}.fusion_buffer_bytes;
+  std::size_t fusion_threshold = cohort::communicator_options{}.fusion_threshold_bytes;
   // Small sizes are cheap, and on a shared or oversubscribed machine their times are bimodal
   // (a rank descheduled or not), so their median needs more than a handful of samples. From
   // `large_bytes` up one call takes long enough (0.03-0.5 s at 2-4 ranks on 2 cores) for fewer
@@ -65,6 +67,8 @@ constexpr const char* usage =
     "  --min-bytes B     smallest size, in bytes (suffix K, M or G: powers of 1024; default 4K)\n"
     "  --max-bytes B     largest size (default 256M); sizes double from min to max\n"
     "  --tensor-bytes B  largest tensor of the gradient set (default 1M)\n"
+    "  --fusion-bytes B  flat's fusion buffer (default: cohort's, 4M)\n"
+    "  --fusion-threshold B  flat reduces tensors of B bytes or more in place (default 64K)\n"
     "  --iters N         timed repetitions per size, median reported (default 20)\n"
     "  --large-iters N   timed repetitions from --large-bytes up (default 10, at most --iters)\n"
     "  --large-bytes B   where --large-iters starts (default 64M)\n"
@@ -136,6 +140,10 @@ settings parse(int argc, char** argv) {
       s.max_bytes = parse_bytes(flag, value());
     } else if (flag == "--tensor-bytes") {
       s.tensor_bytes = parse_bytes(flag, value());
+    } else if (flag == "--fusion-bytes") {
+      s.fusion_bytes = parse_bytes(flag, value());
+    } else if (flag == "--fusion-threshold") {
+      s.fusion_threshold = parse_bytes(flag, value());
     } else if (flag == "--iters") {
       s.iters = parse_count(flag, value(), 1);
     } else if (flag == "--large-iters") {
@@ -278,7 +286,11 @@ void print_header(const settings& s, int ranks, int nodes) {
   std::printf("# naive, flat: allreduce_grad(params, cohort::sum{}) over float32 tensors of at "
               "most %zu bytes each\n",
               s.tensor_bytes);
-  std::printf("#   (naive: one MPI_Allreduce per tensor; flat: pack, one MPI_Allreduce, unpack)\n");
+  std::printf(
+      "#   (naive: one MPI_Allreduce per tensor; flat: tensors under %zu bytes packed into a "
+      "fusion buffer of %zu bytes, one MPI_Allreduce per full buffer, unpacked; larger "
+      "ones reduced in place)\n",
+      s.fusion_threshold, s.fusion_bytes);
   std::printf("# raw: one MPI_Allreduce(MPI_IN_PLACE) over one contiguous buffer of the same "
               "bytes\n");
   std::printf("# agreement check: on for naive and flat%s\n",
@@ -312,9 +324,13 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  cohort::naive naive(world);
-  cohort::flat flat(world);
-  const cohort::communicator_options unchecked{.check_agreement = false};
+  const cohort::communicator_options checked{.fusion_buffer_bytes = s.fusion_bytes,
+                                             .fusion_threshold_bytes = s.fusion_threshold};
+  const cohort::communicator_options unchecked{.check_agreement = false,
+                                               .fusion_buffer_bytes = s.fusion_bytes,
+                                               .fusion_threshold_bytes = s.fusion_threshold};
+  cohort::naive naive(world, checked);
+  cohort::flat flat(world, checked);
   cohort::naive naive_unchecked(world, unchecked);
   cohort::flat flat_unchecked(world, unchecked);
   // The raw calls go to a communicator of the same kind as cohort's (a duplicate of world), so

@@ -5,36 +5,17 @@
 #define BOOST_TEST_MODULE communicator.allreduce_grad
 #include <cohort/cohort.hpp>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <new>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "support/allocation_counter.hpp"
 #include "support/expect.hpp"
 #include "support/fill.hpp"
 #include "support/mpi_test_main.hpp"
-
-// Counts every C++ allocation of the process, to check the steady state allocates nothing.
-namespace {
-std::atomic<long> allocations{0};
-}
-void* operator new(std::size_t size) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) {
-    return p;
-  }
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
 
 using cohort::dtype;
 using cohort::test::as_double;
@@ -119,11 +100,19 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sum_and_mean_of_every_dtype, Strategy, reducing_st
 }
 
 BOOST_AUTO_TEST_CASE(tiny_fusion_buffers_split_and_bypass_tensors) {
-  // 64 bytes: 16 float32 or 32 float16 per chunk. Tensors of 1 or 3 elements share chunks, the
-  // one of 4n+1 spans several, and those of 1000 and 4099 are reduced in place.
+  // 64 bytes: 16 float32 or 32 float16 per chunk. Tensors of 1 or 3 elements share chunks, and
+  // every tensor of 64 bytes or more (a whole buffer) is reduced in place.
   auto comm = cohort::make_communicator<cohort::flat>({.fusion_buffer_bytes = 64});
   check_every_dtype(comm, cohort::sum{}, false);
   check_every_dtype(comm, cohort::mean{}, true);
+  // Nothing in place: every tensor is packed, the large ones spread over many chunks.
+  auto packed = cohort::make_communicator<cohort::flat>(
+      {.fusion_buffer_bytes = 256, .fusion_threshold_bytes = std::size_t{1} << 40});
+  check_every_dtype(packed, cohort::mean{}, true);
+  // Everything in place: fusion off.
+  auto in_place = cohort::make_communicator<cohort::flat>({.fusion_threshold_bytes = 0});
+  check_every_dtype(in_place, cohort::mean{}, true);
+  BOOST_TEST(in_place.fusion_buffer_bytes() == 0u);
   BOOST_TEST(comm.fusion_buffer_bytes() <= 64u);
   auto staged = cohort::make_communicator<cohort::dummy>({.fusion_buffer_bytes = 8});
   model<double> m(comm.size(), comm.rank());
@@ -272,11 +261,11 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(steady_state_allocates_nothing, Strategy, reducing
   std::vector<cohort::float16> h(100), gh(100);
   std::vector<param<float>> params = m.params;
   comm.allreduce_grad(params, cohort::mean{}); // the first step sizes the buffers
-  const long before = allocations.load();
+  const long before = cohort::test::allocations();
   for (int step = 0; step < 5; ++step) {
     comm.allreduce_grad(params, cohort::mean{});
   }
-  BOOST_TEST(allocations.load() - before == 0);
+  BOOST_TEST(cohort::test::allocations() - before == 0);
   if constexpr (std::is_same_v<Strategy, cohort::flat>) {
     BOOST_TEST(comm.fusion_buffer_bytes() ==
                (0 + 1 + 3 + (comm.size() * 4 + 1) + 1000 + 4099) * 4u);

@@ -24,7 +24,7 @@ class dummy : public mpi_communicator<dummy> {
 public:
   explicit dummy(const boost::mpi::communicator& comm, communicator_options options = {})
       : mpi_communicator<dummy>(comm, options)
-      , fused_(options.fusion_buffer_bytes) {}
+      , fused_(options.fusion_buffer_bytes, options.fusion_threshold_bytes) {}
 
 private:
   friend class mpi_communicator<dummy>;

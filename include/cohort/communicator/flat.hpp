@@ -16,15 +16,17 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! Fuses the gradients: packs them into a reusable buffer (`fusion_buffer_bytes`, 4 MiB by
-//! default) and reduces each full buffer with one MPI all-reduce, so that many small tensors cost
-//! a few latencies instead of one each; a tensor that fills the buffer alone is reduced in place.
-//! Nothing is allocated after the first step.
+//! Fuses the gradients: packs the small ones into a reusable buffer (`fusion_buffer_bytes`, 4 MiB
+//! by default) and reduces each full buffer with one MPI all-reduce, so that many small tensors
+//! cost a few latencies instead of one each; a tensor of `fusion_threshold_bytes` or more is
+//! reduced in place, where a copy would cost more than it saves. ChainerMN's flat packed
+//! everything into one buffer; on the figures of bench/allreduce that is slower than both. Nothing
+//! is allocated after the first step.
 class flat : public mpi_communicator<flat> {
 public:
   explicit flat(const boost::mpi::communicator& comm, communicator_options options = {})
       : mpi_communicator<flat>(comm, options)
-      , fused_(options.fusion_buffer_bytes) {}
+      , fused_(options.fusion_buffer_bytes, options.fusion_threshold_bytes) {}
 
   //! Bytes held by the fusion buffer (at most `fusion_buffer_bytes`).
   std::size_t fusion_buffer_bytes() const noexcept { return fused_.buffer_bytes(); }

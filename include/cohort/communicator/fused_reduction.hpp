@@ -21,13 +21,15 @@ namespace detail {
 //! Streams the gradients of each dtype through one reusable fusion buffer: packs as many as fit
 //! (casting to the reducer's wire dtype and pre-scaling on the way, splitting a gradient across
 //! buffers where it does not fit), hands the buffer to `exchange`, and unpacks it (post-scaling).
-//! A gradient of at least a buffer's size whose dtype is already the wire dtype is reduced in
-//! place: copying it would cost two passes over memory and buy nothing. The buffer and the lists
-//! only ever grow, so after the first step nothing is allocated.
+//! A gradient of at least `threshold_bytes` (or a whole buffer) whose dtype is already the wire
+//! dtype is reduced in place: for it, the two passes over memory of a copy cost more than the
+//! all-reduce latency they save. The buffer and the lists only ever grow, so after the first step
+//! nothing is allocated.
 class fused_reduction {
 public:
-  explicit fused_reduction(std::size_t buffer_bytes)
-      : buffer_bytes_(buffer_bytes) {
+  fused_reduction(std::size_t buffer_bytes, std::size_t threshold_bytes)
+      : buffer_bytes_(buffer_bytes)
+      , threshold_bytes_(std::min(threshold_bytes, buffer_bytes)) {
     if (buffer_bytes == 0) {
       throw invalid_argument("cohort: fusion_buffer_bytes must be positive");
     }
@@ -43,7 +45,7 @@ public:
         if (slot.grad.type != type || slot.grad.count == 0) {
           continue;
         }
-        if (plan.wire == type && slot.grad.count >= capacity) {
+        if (plan.wire == type && slot.grad.size_bytes() >= threshold_bytes_) {
           kernels::host::scale(slot.grad, plan.pre_scale);
           exchange(slot.grad, plan.op);
           kernels::host::scale(slot.grad, plan.post_scale);
@@ -88,6 +90,7 @@ private:
   }
 
   std::size_t buffer_bytes_;
+  std::size_t threshold_bytes_;
   std::vector<std::byte> buffer_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;

@@ -22,11 +22,17 @@ struct communicator_options {
   bool check_agreement = true;
 
   //! The size of the fusion buffer through which `flat` and `dummy` stream small gradients: they
-  //! are packed into it, reduced and unpacked one buffer at a time, and a gradient that fills a
-  //! buffer on its own is reduced in place instead of being copied. 4 MiB keeps the packing in
-  //! cache and the messages in the range where MPI's all-reduce is fastest (see the README's
-  //! figures); a tiny value forces many chunks on tiny inputs (tests do).
+  //! are packed into it, reduced and unpacked one buffer at a time. 4 MiB keeps the packing in
+  //! cache and the messages where MPI's all-reduce is fast; a tiny value forces many chunks on
+  //! tiny inputs (tests do).
   std::size_t fusion_buffer_bytes = std::size_t{4} << 20;
+
+  //! A gradient of at least this many bytes (or of a whole fusion buffer) is reduced in place by
+  //! `flat` and `dummy`, not copied: fusing saves one all-reduce latency per tensor but costs two
+  //! passes over the tensor's memory, and past this size the copies cost more than the latency
+  //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce,
+  //! README); on a network with a higher latency, a larger value fuses more.
+  std::size_t fusion_threshold_bytes = std::size_t{64} << 10;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Set-up and everyday commands on a fresh Debian (or Ubuntu) machine. Each command first installs
+# what is missing (apt packages), then configures and builds in ./build.
+#
+#   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
+#   tools/dev.sh test      build and run the whole test suite (what CI runs)
+#   tools/dev.sh bench     build and run bench/allreduce on 2 ranks
+#   tools/dev.sh deps      only install the packages
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${COHORT_BUILD_DIR:-$root/build}
+jobs=$(nproc 2>/dev/null || echo 2)
+
+packages=(g++ cmake make openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
+          libboost-serialization-dev)
+
+deps() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing: ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+}
+
+# One build directory for every command: each configures the same way and builds what it needs.
+configure_and_build() {
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_TESTS=ON \
+    -DCOHORT_BUILD_EXAMPLES=ON -DCOHORT_BUILD_BENCHMARKS=ON
+  cmake --build "$build" -j "$jobs" "$@"
+}
+
+# mpirun on a machine with fewer cores than ranks, possibly as root (CI containers): allow
+# oversubscription and let idle ranks yield the core instead of busy-polling.
+mpi_environment() {
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
+}
+
+case "${1:-}" in
+  deps) deps ;;
+  example)
+    deps
+    configure_and_build --target mnist_mlp
+    mpi_environment
+    shift
+    mpirun -np 2 "$build/examples/mnist_mlp" "$@"
+    ;;
+  test)
+    deps
+    configure_and_build
+    mpi_environment
+    cd "$build"
+    ctest --output-on-failure -j 2 --timeout 900
+    ;;
+  bench)
+    deps
+    configure_and_build --target bench_allreduce
+    mpi_environment
+    shift
+    mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_allreduce" "$@"
+    ;;
+  *)
+    sed -n '3,10p' "${BASH_SOURCE[0]}"
+    exit 2
+    ;;
+esac
