@@ -16,6 +16,7 @@
 #include <cohort/kernels/functors.hpp>
 #include <cohort/kernels/host.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/reducer/compressed.hpp>
 #include <cohort/reducer/mean.hpp>
 #include <cohort/reducer/sum.hpp>
 #include <cohort/tensor/bfloat16.hpp>

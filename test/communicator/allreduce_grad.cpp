@@ -172,6 +172,30 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp16_mean_does_not_overflow_where_fp32_would_not, 
   }
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(compressed_puts_16_bits_on_the_wire, Strategy, reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size();
+  // fp32 gradients of 40000 on every rank: sent as fp16 after division by n, so the sum cannot
+  // overflow fp16's 65504, and the mean comes back exactly.
+  std::vector<float> value(5), grad(5, 40000.0f), small(3), g_small(3);
+  for (std::size_t i = 0; i < g_small.size(); ++i) {
+    g_small[i] = static_cast<float>(closed_form(i, comm.rank()));
+  }
+  std::vector<param<float>> params{{"big", &value, &grad}, {"small", &small, &g_small}};
+  comm.allreduce_grad(params, cohort::compressed<cohort::float16>{});
+  BOOST_TEST(grad == std::vector<float>(5, 40000.0f), boost::test_tools::per_element());
+  for (std::size_t i = 0; i < g_small.size(); ++i) {
+    // Each rank's value / n is rounded to fp16 (11 bits), and so is each partial sum.
+    const double expected = closed_form_sum(i, n) / n;
+    BOOST_TEST(std::abs(g_small[i] - expected) <= 4e-3 * std::max(1.0, expected));
+  }
+  // bfloat16 on the wire: 8 bits of mantissa.
+  std::vector<double> w(2), g(2, 1.0 + 1.0 / 1024);
+  std::vector<param<double>> doubles{{"w", &w, &g}};
+  comm.allreduce_grad(doubles, cohort::compressed<cohort::bfloat16>{});
+  BOOST_TEST(std::abs(g[0] - 1.0) <= 1.0 / 64);
+}
+
 BOOST_AUTO_TEST_CASE(dummy_scales_but_does_not_communicate) {
   auto comm = cohort::make_communicator<cohort::dummy>();
   model<float> m(comm.size(), comm.rank());
