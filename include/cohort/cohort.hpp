@@ -21,6 +21,7 @@
 #include <cohort/reducer/sum.hpp>
 #include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/device_span.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/float16.hpp>
 #include <cohort/tensor/location.hpp>

@@ -22,7 +22,7 @@ public:
   }
 
   COHORT_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t bits) noexcept {
-    bfloat16 b;
+    bfloat16 b{};
     b.bits_ = bits;
     return b;
   }

@@ -21,7 +21,7 @@ public:
   COHORT_HOST_DEVICE constexpr operator float() const noexcept { return to_float(bits_); }
 
   COHORT_HOST_DEVICE static constexpr float16 from_bits(std::uint16_t bits) noexcept {
-    float16 h;
+    float16 h{};
     h.bits_ = bits;
     return h;
   }

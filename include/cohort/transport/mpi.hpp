@@ -40,6 +40,18 @@ inline int rank_of(MPI_Comm comm) noexcept {
   return rank;
 }
 
+//! The rank of this process in MPI_COMM_WORLD, or -1 before MPI_Init and after MPI_Finalize: what
+//! errors of other engines (CUDA, NCCL) name as "the rank".
+inline int world_rank() noexcept {
+  int initialized = 0;
+  int finalized = 0;
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || initialized == 0 ||
+      MPI_Finalized(&finalized) != MPI_SUCCESS || finalized != 0) {
+    return -1;
+  }
+  return rank_of(MPI_COMM_WORLD);
+}
+
 //! Turns an MPI return code into an `engine_error` naming the operation, the rank and MPI's own
 //! message.
 inline void check(int code, std::string_view operation, MPI_Comm comm) {

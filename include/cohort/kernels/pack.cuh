@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Batched pack and unpack on the device: every gradient tensor of a step (any sizes, any dtypes)
+// into one fusion buffer and back, casting and scaling on the way, in one kernel launch each
+// (ChainerMN's batched_copy). The per-element logic is kernels/batch.hpp's.
+
+#if !defined(__CUDACC__)
+#error                                                                                             \
+    "cohort/kernels/pack.cuh is CUDA: compile this translation unit with nvcc (host code packs with <cohort/kernels/host.hpp>)"
+#endif
+
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/kernels/batch.hpp>
+#include <cohort/kernels/launch.cuh>
+#include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/cuda.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace kernels::device {
+
+template <class Wire>
+COHORT_KERNEL void pack_kernel(const batch_entry* entries, std::size_t count, std::uint64_t total,
+                               Wire* buffer, batch_factor factor) {
+  for (std::uint64_t i = first_index(); i < total; i += grid_stride()) {
+    pack_element(entries, count, i, buffer, factor);
+  }
+}
+
+template <class Wire>
+COHORT_KERNEL void unpack_kernel(const batch_entry* entries, std::size_t count, std::uint64_t total,
+                                 const Wire* buffer, batch_factor factor) {
+  for (std::uint64_t i = first_index(); i < total; i += grid_stride()) {
+    unpack_element(entries, count, i, buffer, factor);
+  }
+}
+
+//! The batch table of the last pack or unpack, in pinned host memory and on the device, reused
+//! from step to step. The event keeps the next step from rewriting the host copy while the last
+//! one's transfer may still read it.
+class batch_workspace {
+public:
+  //! Copies the table of `tensors` (packed one after the other from buffer element 0) to the
+  //! device on `stream`; returns the device copy and the total number of elements.
+  template <class View>
+  std::pair<const batch_entry*, std::uint64_t> upload(std::span<const View> tensors,
+                                                      cudaStream_t stream) {
+    const std::size_t bytes = tensors.size() * sizeof(batch_entry);
+    if (copied_) {
+      copied_->synchronize();
+    } else {
+      copied_.emplace();
+    }
+    auto* host = static_cast<batch_entry*>(host_.reserve(bytes));
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      host[i] = {const_cast<void*>(static_cast<const void*>(tensors[i].data)), total,
+                 tensors[i].type};
+      total += tensors[i].count;
+    }
+    void* device = device_.reserve(bytes);
+    cuda::check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync (batch table)");
+    copied_->record(stream);
+    return {static_cast<const batch_entry*>(device), total};
+  }
+
+private:
+  cuda::pinned_buffer host_;
+  cuda::device_buffer device_;
+  std::optional<cuda::event> copied_; // created at the first upload: constructing costs nothing
+};
+
+namespace detail {
+inline batch_factor factor_of(double factor) {
+  return {static_cast<float>(factor), factor};
+}
+
+inline void require_device(memory_location location, const char* operation) {
+  if (location == memory_location::host) {
+    throw invalid_argument(std::string("cohort: ") + operation +
+                           " on the device was given a tensor in host memory");
+  }
+}
+} // namespace detail
+
+//! Packs `sources` one after the other into `buffer` (cast to its dtype, times `factor`), in one
+//! launch on `stream`.
+inline void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor,
+                 cudaStream_t stream, batch_workspace& workspace) {
+  detail::require_device(buffer.location, "pack");
+  for (const auto& s : sources) {
+    detail::require_device(s.location, "pack");
+  }
+  const auto [entries, total] = workspace.upload(sources, stream);
+  if (total > buffer.count) {
+    throw invalid_argument("cohort: pack needs a buffer of " + std::to_string(total) +
+                           " elements but has " + std::to_string(buffer.count));
+  }
+  if (total == 0) {
+    return;
+  }
+  visit(buffer.type, [&]<class Wire>(std::type_identity<Wire>) {
+    pack_kernel<Wire><<<grid_size(total), block_size, 0, stream>>>(
+        entries, sources.size(), total, static_cast<Wire*>(buffer.data), detail::factor_of(factor));
+  });
+  check_launch("pack_kernel");
+}
+
+//! The inverse of `pack`, in one launch on `stream`.
+inline void unpack(const_tensor_view buffer, std::span<const tensor_view> targets, double factor,
+                   cudaStream_t stream, batch_workspace& workspace) {
+  detail::require_device(buffer.location, "unpack");
+  for (const auto& t : targets) {
+    detail::require_device(t.location, "unpack");
+  }
+  const auto [entries, total] = workspace.upload(targets, stream);
+  if (total > buffer.count) {
+    throw invalid_argument("cohort: unpack needs a buffer of " + std::to_string(total) +
+                           " elements but has " + std::to_string(buffer.count));
+  }
+  if (total == 0) {
+    return;
+  }
+  visit(buffer.type, [&]<class Wire>(std::type_identity<Wire>) {
+    unpack_kernel<Wire><<<grid_size(total), block_size, 0, stream>>>(
+        entries, targets.size(), total, static_cast<const Wire*>(buffer.data),
+        detail::factor_of(factor));
+  });
+  check_launch("unpack_kernel");
+}
+
+} // namespace kernels::device
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
