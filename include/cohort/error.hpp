@@ -30,6 +30,13 @@ public:
   using error::error;
 };
 
+//! A collective that did not finish within its time limit. The communicator it ran on has been
+//! aborted: the ranks still waiting on it are released with an error too, instead of hanging.
+class timeout_error : public error {
+public:
+  using error::error;
+};
+
 //! An error reported by an engine (MPI, NCCL, CUDA), with the engine's own message.
 class engine_error : public error {
 public:
