@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-//! Everything cohort offers, GPU parts included: for translation units compiled by nvcc. A host
-//! compiler's translation unit includes <cohort/cohort.hpp> instead.
+//! Everything cohort offers, GPU parts included (the NCCL strategies are in <cohort/nccl.hpp>):
+//! for translation units compiled by nvcc. A host compiler's translation unit includes
+//! <cohort/cohort.hpp> instead.
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
@@ -10,6 +11,7 @@
 #endif
 
 #include <cohort/cohort.hpp>
+#include <cohort/communicator/host_staged.hpp>
 #include <cohort/kernels/batch.hpp>
 #include <cohort/kernels/cast.cuh>
 #include <cohort/kernels/pack.cuh>

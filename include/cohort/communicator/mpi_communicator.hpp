@@ -315,13 +315,19 @@ public:
     detail::collect_gradients(params, options.missing, slots_);
     detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement);
     for (const auto& slot : slots_) {
-      require_host(slot.grad.location, "allreduce_grad");
+      static_cast<const Strategy&>(*this).check_gradient_location(slot.grad.location,
+                                                                  "allreduce_grad");
     }
     static_cast<Strategy&>(*this).reduce_gradients(std::span<const detail::grad_slot>(slots_),
                                                    reducer);
   }
 
 protected:
+  //! Where this strategy's gradients may live; a strategy for device memory hides this.
+  void check_gradient_location(memory_location location, std::string_view operation) const {
+    require_host(location, operation);
+  }
+
   void require_host(memory_location location, std::string_view operation) const {
     if (location == memory_location::device) {
       throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
@@ -331,7 +337,6 @@ protected:
     }
   }
 
-private:
   static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
     if (!boost::mpi::environment::initialized() || boost::mpi::environment::finalized()) {
       throw error("cohort: MPI is not running: create a boost::mpi::environment before a "
@@ -421,6 +426,7 @@ private:
     });
   }
 
+private:
   boost::mpi::communicator comm_;
   communicator_options options_;
   node_layout layout_;

@@ -116,5 +116,14 @@ constexpr bool tensor_is_contiguous(const T& t) {
   }
 }
 
+namespace detail {
+//! Whether a tensor is in GPU memory (device or managed): a compile-time answer where its type
+//! says where it lives.
+template <tensor T>
+constexpr bool on_device(const T& t) {
+  return tensor_location(t) != memory_location::host;
+}
+} // namespace detail
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What the NCCL strategies (pure_nccl, single_node) share: tensors in GPU memory go through NCCL
+// on cohort's stream, ordered after the user's stream with events; tensors in host memory, and
+// objects, through MPI as in every strategy. The NCCL communicator is created at the first
+// device collective, on the device current then, so that the trainer can pick its device from
+// intra_rank() first (as in ChainerMN).
+
+#if !defined(__CUDACC__)
+#error                                                                                             \
+    "<cohort/communicator/nccl_strategy.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+#endif
+
+#include <cohort/communicator/device_fused_reduction.hpp>
+#include <cohort/communicator/device_streams.hpp>
+#include <cohort/communicator/gpu_options.hpp>
+#include <cohort/communicator/grad_reduction.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/mpi_communicator.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
+#include <cohort/error.hpp>
+#include <cohort/kernels/pack.cuh>
+#include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/parameter.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/cuda.hpp>
+#include <cohort/transport/nccl.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <cuda_runtime_api.h>
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+template <class Strategy>
+class nccl_strategy : public mpi_communicator<Strategy> {
+  using base = mpi_communicator<Strategy>;
+
+public:
+  nccl_strategy(const boost::mpi::communicator& comm, communicator_options options, gpu_options gpu)
+      : base(comm, options)
+      , gpu_(gpu) {}
+
+  //! The stream the trainer queues its work on (the legacy default stream unless set): cohort's
+  //! work starts after what is queued there, and what is queued there next starts after it.
+  void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
+  //! Blocks until cohort's queued work is done (needed only with gpu_options::timeout zero).
+  void synchronize() const { streams_.synchronize(); }
+  //! Destroys the NCCL communicator (before the CUDA context goes). Idempotent; a later device
+  //! collective throws.
+  void finalize() {
+    if (nccl_) {
+      nccl_->destroy();
+    }
+    finalized_ = true;
+  }
+  const gpu_options& gpu() const noexcept { return gpu_; }
+
+  // ---- tensor collectives: device memory through NCCL, host memory through MPI ---------------
+
+  template <writable_tensor T>
+  void allreduce(T& t, reduce_op op = reduce_op::sum) {
+    if constexpr (host_tensor<T>) {
+      if (!on_device(t)) {
+        return base::allreduce(t, op);
+      }
+    }
+    operation_scope scope("allreduce");
+    const tensor_view v = device_view(t, "allreduce");
+    this->agree("allreduce", v.count, v.type, static_cast<int>(op), "op");
+    enqueue("allreduce", [&](const nccl::communicator& c, cudaStream_t s) {
+      nccl::allreduce(c, v.data, v.data, v.count, v.type, op, s);
+    });
+  }
+
+  template <writable_tensor T>
+  void broadcast(T& t, int root = 0) {
+    if constexpr (host_tensor<T>) {
+      if (!on_device(t)) {
+        return base::broadcast(t, root);
+      }
+    }
+    operation_scope scope("broadcast");
+    const tensor_view v = device_view(t, "broadcast");
+    this->check_root(root, "broadcast");
+    this->agree("broadcast", v.count, v.type, root, "root");
+    enqueue("broadcast", [&](const nccl::communicator& c, cudaStream_t s) {
+      nccl::broadcast(c, v.data, v.count, v.type, root, s);
+    });
+  }
+
+  template <tensor In, writable_tensor Out>
+  void allgather(const In& in, Out& out) {
+    if constexpr (host_tensor<In> && host_tensor<Out>) {
+      if (!on_device(in) && !on_device(out)) {
+        return base::allgather(in, out);
+      }
+    }
+    operation_scope scope("allgather");
+    const const_tensor_view i = device_const_view(in, "allgather");
+    const tensor_view o = device_view(out, "allgather");
+    this->check_blocks(i, o, "allgather");
+    enqueue("allgather", [&](const nccl::communicator& c, cudaStream_t s) {
+      nccl::allgather(c, i.data, o.data, i.count, i.type, s);
+    });
+  }
+
+  template <tensor In, writable_tensor Out>
+  void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
+    if constexpr (host_tensor<In> && host_tensor<Out>) {
+      if (!on_device(in) && !on_device(out)) {
+        return base::reduce_scatter(in, out, op);
+      }
+    }
+    operation_scope scope("reduce_scatter");
+    const const_tensor_view i = device_const_view(in, "reduce_scatter");
+    const tensor_view o = device_view(out, "reduce_scatter");
+    this->check_blocks(o, i, "reduce_scatter");
+    enqueue("reduce_scatter", [&](const nccl::communicator& c, cudaStream_t s) {
+      nccl::reduce_scatter(c, i.data, o.data, o.count, o.type, op, s);
+    });
+  }
+
+  //! Device memory: NCCL has no probe, so the receiver's size is not checked against the sender's.
+  template <tensor T>
+  void send(const T& t, int dest, int tag = 0) {
+    if constexpr (host_tensor<T>) {
+      if (!on_device(t)) {
+        return base::send(t, dest, tag);
+      }
+    }
+    operation_scope scope("send");
+    this->check_peer(dest, "send");
+    const const_tensor_view v = device_const_view(t, "send");
+    enqueue("send", [&](const nccl::communicator& c, cudaStream_t s) {
+      nccl::send(c, v.data, v.count, v.type, dest, s);
+    });
+  }
+
+  template <writable_tensor T>
+  void recv(T& t, int source, int tag = 0) {
+    if constexpr (host_tensor<T>) {
+      if (!on_device(t)) {
+        return base::recv(t, source, tag);
+      }
+    }
+    operation_scope scope("recv");
+    this->check_peer(source, "recv");
+    const tensor_view v = device_view(t, "recv");
+    enqueue("recv", [&](const nccl::communicator& c, cudaStream_t s) {
+      nccl::recv(c, v.data, v.count, v.type, source, s);
+    });
+  }
+
+  //! Copies every parameter's value from `root` (one NCCL broadcast of the packed bytes for
+  //! values in GPU memory; MPI for a parameter set in host memory).
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    std::vector<tensor_view> values;
+    bool any_device = false;
+    bool any_host = false;
+    for (auto& p : params) {
+      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+      const tensor_view v = make_view(traits::value(p), traits::name(p));
+      (v.location == memory_location::host ? any_host : any_device) = true;
+      values.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
+    }
+    if (!any_device) {
+      return base::broadcast_parameters(params, root);
+    }
+    if (any_host) {
+      throw invalid_argument("cohort: broadcast_parameters on rank " +
+                             std::to_string(this->rank()) +
+                             ": the parameters are partly in host and partly in device memory");
+    }
+    // The layout check of the MPI path, on the same parameters, then the bytes through NCCL.
+    operation_scope scope("broadcast_parameters");
+    this->check_root(root, "broadcast_parameters");
+    if (this->options().check_agreement) {
+      fingerprint f;
+      f.add(static_cast<std::uint64_t>(root));
+      std::vector<signature_entry> described;
+      for (auto& p : params) {
+        using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+        const tensor_view v = make_view(traits::value(p), traits::name(p));
+        f.add(traits::name(p)).add(v.count).add(static_cast<std::uint64_t>(v.type));
+        described.push_back({"parameter '" + std::string(traits::name(p)) + "'",
+                             "a value of " + describe_tensor(v.count, v.type)});
+      }
+      require_agreement(this->mpi_comm(), "broadcast_parameters", f.value(),
+                        [&] { return described; });
+    }
+    std::size_t bytes = 0;
+    for (const auto& v : values) {
+      bytes += v.count;
+    }
+    const tensor_view packed{parameter_buffer_.reserve(bytes), bytes, dtype::uint8,
+                             memory_location::device};
+    const std::vector<const_tensor_view> sources(values.begin(), values.end());
+    enqueue("broadcast_parameters", [&](const nccl::communicator& c, cudaStream_t s) {
+      if (this->rank() == root) {
+        kernels::device::pack(sources, packed, 1.0, s, parameter_workspace_);
+      }
+      nccl::broadcast(c, packed.data, packed.count, packed.type, root, s);
+      if (this->rank() != root) {
+        kernels::device::unpack(packed, values, 1.0, s, parameter_workspace_);
+      }
+    });
+  }
+
+protected:
+  friend base;
+
+  void check_gradient_location(memory_location location, std::string_view operation) const {
+    if (location == memory_location::host) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(this->rank()) +
+                             ": this strategy reduces GPU memory, and the gradient is in host "
+                             "memory (use flat for host memory)");
+    }
+  }
+
+  template <reducer Reducer>
+  void reduce_gradients(std::span<const grad_slot> slots, const Reducer& reducer) {
+    for (const auto& slot : slots) {
+      check_device(slot.grad.data, slot.name);
+    }
+    enqueue("allreduce_grad", [&](const nccl::communicator& c, cudaStream_t s) {
+      fused_.run(slots, reducer, this->size(), s, [&](tensor_view packed, reduce_op op) {
+        nccl::allreduce(c, packed.data, packed.data, packed.count, packed.type, op, s);
+      });
+    });
+  }
+
+  //! The NCCL communicator, created at the first call on the current device.
+  const nccl::communicator& nccl_comm() {
+    if (finalized_) {
+      throw error("cohort: device collective on rank " + std::to_string(this->rank()) +
+                  " after finalize()");
+    }
+    if (!nccl_) {
+      nccl_.emplace(this->mpi_comm());
+    }
+    return *nccl_;
+  }
+
+private:
+  // Queues `work` on cohort's stream between the user's stream events, then waits for it with the
+  // time limit (aborting NCCL on timeout or asynchronous error), unless the limit is zero.
+  template <class Work>
+  void enqueue(std::string_view operation, Work&& work) {
+    const nccl::communicator& c = nccl_comm();
+    const cuda::device_guard on(c.device());
+    const cudaStream_t s = streams_.begin();
+    work(c, s);
+    const cuda::event& done = streams_.end();
+    if (gpu_.timeout.count() > 0) {
+      nccl_->wait(done, gpu_.timeout, operation);
+    }
+  }
+
+  // The device a tensor's memory belongs to must be the NCCL communicator's.
+  void check_device(const void* data, std::string_view what) {
+    const int expected = nccl_comm().device();
+    const int actual = data == nullptr ? expected : cuda::device_of(data);
+    if (actual != expected) {
+      throw invalid_argument("cohort: " + std::string(what) + " on rank " +
+                             std::to_string(this->rank()) + " is in the memory of device " +
+                             std::to_string(actual) + " but this communicator runs on device " +
+                             std::to_string(expected));
+    }
+  }
+
+  template <class T>
+  tensor_view device_view(T& t, std::string_view what) {
+    const tensor_view v = make_view(t, what);
+    check_device(v.data, what);
+    return v;
+  }
+  template <class T>
+  const_tensor_view device_const_view(const T& t, std::string_view what) {
+    const const_tensor_view v = make_const_view(t, what);
+    check_device(v.data, what);
+    return v;
+  }
+
+  gpu_options gpu_;
+  std::optional<nccl::communicator> nccl_;
+  bool finalized_ = false;
+  device_streams streams_;
+  device_fused_reduction fused_;
+  cuda::device_buffer parameter_buffer_;
+  kernels::device::batch_workspace parameter_workspace_;
+};
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#if !defined(__CUDACC__)
+#error                                                                                             \
+    "<cohort/communicator/pure_nccl.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+#endif
+
+#include <cohort/communicator/gpu_options.hpp>
+#include <cohort/communicator/nccl_strategy.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/config.hpp>
+
+#include <boost/mpi/communicator.hpp>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! NCCL everywhere: gradients in GPU memory are packed by one kernel into one buffer per dtype
+//! (in the reducer's wire dtype: `compressed<float16>` halves the bytes), reduced by one NCCL
+//! all-reduce over all ranks on cohort's stream, and unpacked by one kernel. ChainerMN's default
+//! since v6.
+class pure_nccl : public detail::nccl_strategy<pure_nccl> {
+public:
+  explicit pure_nccl(const boost::mpi::communicator& comm, communicator_options options = {},
+                     gpu_options gpu = {})
+      : detail::nccl_strategy<pure_nccl>(comm, options, gpu) {}
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! Everything cohort offers, with the NCCL strategies `pure_nccl` and `single_node`: for
+//! translation units compiled by nvcc that link NCCL (CMake target cohort::nccl).
+
+#if !defined(__CUDACC__)
+#error                                                                                             \
+    "<cohort/nccl.hpp> is for translation units compiled by nvcc; in host code include <cohort/cohort.hpp> (and <cohort/transport/nccl.hpp> for the NCCL bindings)"
+#endif
+
+#include <cohort/communicator/pure_nccl.hpp>
+#include <cohort/communicator/single_node.hpp>
+#include <cohort/cuda.hpp>
+#include <cohort/transport/nccl.hpp>
