@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <ranges>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -109,10 +110,11 @@ BOOST_AUTO_TEST_CASE(tiny_fusion_buffers_split_and_bypass_tensors) {
   auto packed = cohort::make_communicator<cohort::flat>(
       {.fusion_buffer_bytes = 256, .fusion_threshold_bytes = std::size_t{1} << 40});
   check_every_dtype(packed, cohort::mean{}, true);
-  // Everything in place: fusion off.
+  // Everything in place, fusion off: but for the int32 and uint8 gradients, whose mean travels as
+  // int64 and so goes through the buffer (all of a model's 5104 + 4n elements, as int64).
   auto in_place = cohort::make_communicator<cohort::flat>({.fusion_threshold_bytes = 0});
   check_every_dtype(in_place, cohort::mean{}, true);
-  BOOST_TEST(in_place.fusion_buffer_bytes() == 0u);
+  BOOST_TEST(in_place.fusion_buffer_bytes() == (5104u + 4u * comm.size()) * 8);
   BOOST_TEST(comm.fusion_buffer_bytes() <= 64u);
   auto staged = cohort::make_communicator<cohort::dummy>({.fusion_buffer_bytes = 8});
   model<double> m(comm.size(), comm.rank());
@@ -194,6 +196,59 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(compressed_puts_16_bits_on_the_wire, Strategy, red
   std::vector<param<double>> doubles{{"w", &w, &g}};
   comm.allreduce_grad(doubles, cohort::compressed<cohort::bfloat16>{});
   BOOST_TEST(std::abs(g[0] - 1.0) <= 1.0 / 64);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(integer_means_do_not_wrap, Strategy, reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  // 200 on every rank: the uint8 sum wraps at 2 ranks, the int32 one at 2e9; the means do not.
+  std::vector<std::uint8_t> small_value(3), small(3, 200);
+  std::vector<std::int32_t> large_value(2), large(2, 2'000'000'000);
+  std::vector<param<std::uint8_t>> bytes{{"bytes", &small_value, &small}};
+  std::vector<param<std::int32_t>> ints{{"ints", &large_value, &large}};
+  comm.allreduce_grad(bytes, cohort::mean{});
+  comm.allreduce_grad(ints, cohort::mean{});
+  BOOST_TEST(small == std::vector<std::uint8_t>(3, 200), boost::test_tools::per_element());
+  BOOST_TEST(large == std::vector<std::int32_t>(2, 2'000'000'000),
+             boost::test_tools::per_element());
+}
+
+namespace {
+// A framework's layer whose parameter name is made on the fly (returned by value): cohort must
+// keep its own copy of the name.
+struct layer {
+  int index = 0;
+  std::vector<float> weight, grad;
+};
+struct layer_parameter {
+  layer* l = nullptr;
+};
+} // namespace
+
+template <>
+struct cohort::parameter_traits<layer_parameter> {
+  static std::string name(const layer_parameter& p) {
+    return "model.encoder.layers." + std::to_string(p.l->index) + ".self_attention.weight";
+  }
+  static std::vector<float>& value(const layer_parameter& p) { return p.l->weight; }
+  static std::vector<float>* grad(const layer_parameter& p) { return &p.l->grad; }
+};
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(names_made_on_the_fly_and_ranges_of_temporaries, Strategy,
+                              reducing_strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  std::vector<layer> layers(5);
+  for (int i = 0; i < 5; ++i) {
+    layers[static_cast<std::size_t>(i)] = {i, std::vector<float>(3), std::vector<float>(3, 1.0f)};
+  }
+  // A view that makes its parameters as it goes: prvalues, not references into a container.
+  auto params = layers | std::views::transform([](layer& l) { return layer_parameter{&l}; });
+  comm.allreduce_grad(params, cohort::sum{});
+  BOOST_TEST(layers[4].grad[2] == static_cast<float>(comm.size()));
+  layers[3].grad.clear();
+  BOOST_CHECK_EXCEPTION(comm.allreduce_grad(params, cohort::sum{}), cohort::invalid_argument,
+                        message_has({"parameter 'model.encoder.layers.3.self_attention.weight'"}));
+  layers[3].grad.assign(3, 0.0f);
+  comm.broadcast_parameters(params);
 }
 
 BOOST_AUTO_TEST_CASE(dummy_scales_but_does_not_communicate) {
@@ -282,12 +337,14 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(layout_mismatch_throws_on_every_rank, Strategy, re
 BOOST_AUTO_TEST_CASE_TEMPLATE(steady_state_allocates_nothing, Strategy, reducing_strategies) {
   auto comm = cohort::make_communicator<Strategy>();
   model<float> m(comm.size(), comm.rank());
-  std::vector<cohort::float16> h(100), gh(100);
-  std::vector<param<float>> params = m.params;
-  comm.allreduce_grad(params, cohort::mean{}); // the first step sizes the buffers
+  model<cohort::float16> halves(comm.size(), comm.rank());
+  const std::vector<param<float>> params = m.params;
+  comm.allreduce_grad(params, cohort::mean{}); // the first steps size the buffers
+  comm.allreduce_grad(halves.params, cohort::compressed<cohort::bfloat16>{});
   const long before = cohort::test::allocations();
   for (int step = 0; step < 5; ++step) {
     comm.allreduce_grad(params, cohort::mean{});
+    comm.allreduce_grad(halves.params, cohort::compressed<cohort::bfloat16>{});
   }
   BOOST_TEST(cohort::test::allocations() - before == 0);
   if constexpr (std::is_same_v<Strategy, cohort::flat>) {

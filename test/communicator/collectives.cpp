@@ -228,6 +228,32 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(mismatched_sizes_throw_on_every_rank, Strategy, st
   BOOST_TEST(ok[0] == static_cast<float>(comm.size()));
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(bad_input_on_one_rank_is_an_error_on_every_rank, Strategy,
+                              strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  if (comm.size() < 2) {
+    return;
+  }
+  const int last = comm.size() - 1;
+  // Only rank 0 sizes its output wrongly: every rank learns it, none waits in the collective.
+  const std::vector<float> in(2);
+  std::vector<float> out(comm.rank() == 0 ? 3 : 2 * static_cast<std::size_t>(comm.size()));
+  BOOST_CHECK_EXCEPTION(comm.allgather(in, out), cohort::mismatch_error,
+                        message_has({"allgather", "failed", "needs", "on rank 0"}));
+  std::vector<float> x(4);
+  BOOST_CHECK_EXCEPTION(
+      comm.broadcast(x, comm.rank() == last ? comm.size() : 0), cohort::mismatch_error,
+      message_has({"broadcast", "is not a rank", "on rank " + std::to_string(last)}));
+  BOOST_CHECK_EXCEPTION(comm.split(comm.rank() == last ? -1 : 0, 0), cohort::mismatch_error,
+                        message_has({"split", "color must be >= 0"}));
+  BOOST_CHECK_EXCEPTION(comm.bcast_obj(std::string("x"), comm.rank() == 0 ? -1 : 0),
+                        cohort::mismatch_error, message_has({"bcast_obj", "root -1"}));
+  // Still in step.
+  std::vector<float> ok(2, 1.0f);
+  comm.allreduce(ok);
+  BOOST_TEST(ok[1] == static_cast<float>(comm.size()));
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(bad_arguments_name_what_is_wrong, Strategy, strategies) {
   auto comm = cohort::make_communicator<Strategy>();
   const std::string n = std::to_string(comm.size());

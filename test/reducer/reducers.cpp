@@ -15,9 +15,12 @@ static_assert(cohort::reducer<cohort::compressed<cohort::bfloat16>>);
 static_assert(!cohort::reducer<int>);
 
 BOOST_AUTO_TEST_CASE(mean_divides_after_the_sum_in_wide_types) {
-  for (const dtype type : {dtype::float32, dtype::float64, dtype::int32, dtype::int64}) {
+  for (const dtype type :
+       {dtype::float32, dtype::float64, dtype::int32, dtype::int64, dtype::uint8}) {
     const auto plan = cohort::mean{}.plan(type, 4);
-    BOOST_TEST((plan.wire == type));
+    // Narrow integers are summed in int64, where the sum of their values cannot wrap.
+    const bool widened = type == dtype::int32 || type == dtype::uint8;
+    BOOST_TEST((plan.wire == (widened ? dtype::int64 : type)));
     BOOST_TEST(plan.pre_scale == 1.0);
     BOOST_TEST(plan.post_scale == 0.25);
     BOOST_TEST((plan.op == cohort::reduce_op::sum));

@@ -34,13 +34,13 @@ namespace cohort::test {
 
 class hang_watchdog {
 public:
-  explicit hang_watchdog(std::chrono::seconds limit)
-      : thread_([this, limit] {
+  // The rank is read here, on the main thread: MPI runs single-threaded, so the watchdog thread
+  // makes no MPI call of its own.
+  hang_watchdog(std::chrono::seconds limit, int rank)
+      : thread_([this, limit, rank] {
         std::unique_lock lock(mutex_);
         if (!done_cv_.wait_for(lock, limit, [this] { return done_; })) {
           const char* operation = cohort::current_operation();
-          int rank = -1;
-          MPI_Comm_rank(MPI_COMM_WORLD, &rank);
           std::fprintf(stderr, "cohort test watchdog: rank %d stuck in %s after %lld s; aborting\n",
                        rank, operation != nullptr ? operation : "(no cohort operation)",
                        static_cast<long long>(limit.count()));
@@ -65,10 +65,8 @@ private:
   std::thread thread_;
 };
 
-inline std::chrono::seconds watchdog_limit() {
+inline std::chrono::seconds watchdog_limit(int rank) {
   const char* text = std::getenv("COHORT_TEST_WATCHDOG");
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return std::chrono::seconds((text != nullptr ? std::atol(text) : 60) + rank);
 }
 
@@ -78,7 +76,8 @@ int main(int argc, char* argv[]) {
   boost::mpi::environment env(argc, argv);
   int result = 0;
   {
-    cohort::test::hang_watchdog watchdog(cohort::test::watchdog_limit());
+    const int rank = boost::mpi::communicator().rank();
+    cohort::test::hang_watchdog watchdog(cohort::test::watchdog_limit(rank), rank);
     result = boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
   }
   return result;

@@ -150,3 +150,40 @@ BOOST_AUTO_TEST_CASE(mpi_errors_become_exceptions_naming_the_call_and_rank) {
                      [] { throw boost::mpi::exception("MPI_Gather", MPI_ERR_COUNT); }),
       cohort::engine_error, message_has({"gather_obj", "rank"}));
 }
+
+BOOST_AUTO_TEST_CASE(tensors_beyond_the_mpi_count_limit_go_in_chunks) {
+  // A test-only limit of 7 elements per MPI call runs the chunked paths (meant for tensors of
+  // more than INT_MAX elements) on 50: 8 calls each, with requests that hold several handles.
+  const auto comm = world();
+  auto& limit = cohort::mpi::detail::chunk_limit();
+  const std::size_t saved = limit;
+  limit = 7;
+  auto data = cohort::test::filled<double>(50, comm.rank());
+  mpi::allreduce(comm, cohort::make_view(data), cohort::reduce_op::sum);
+  auto again = cohort::test::filled<double>(50, comm.rank());
+  mpi::iallreduce(comm, cohort::make_view(again), cohort::reduce_op::sum).wait();
+  for (std::size_t i = 0; i < 50; ++i) {
+    BOOST_TEST_REQUIRE(data[i] == closed_form_sum(i, comm.size()));
+    BOOST_TEST_REQUIRE(again[i] == closed_form_sum(i, comm.size()));
+  }
+  std::vector<std::int32_t> from_last(50, comm.rank());
+  mpi::broadcast(comm, cohort::make_view(from_last), comm.size() - 1);
+  BOOST_TEST(from_last[49] == comm.size() - 1);
+  const int next = (comm.rank() + 1) % comm.size();
+  const int previous = (comm.rank() + comm.size() - 1) % comm.size();
+  const auto out = cohort::test::filled<float>(50, comm.rank());
+  std::vector<float> in(50), in2(50);
+  auto receiving = mpi::irecv(comm, cohort::make_view(in), previous, 11);
+  mpi::isend(comm, cohort::make_const_view(out), next, 11).wait();
+  receiving.wait();
+  BOOST_TEST(in == cohort::test::filled<float>(50, previous), boost::test_tools::per_element());
+  if (comm.size() >= 2) {
+    if (comm.rank() == 0) {
+      mpi::send(comm, cohort::make_const_view(out), 1, 12);
+    } else if (comm.rank() == 1) {
+      mpi::recv(comm, cohort::make_view(in2), 0, 12);
+      BOOST_TEST(in2 == cohort::test::filled<float>(50, 0), boost::test_tools::per_element());
+    }
+  }
+  limit = saved;
+}

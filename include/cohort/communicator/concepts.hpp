@@ -41,6 +41,7 @@ concept communicator = std::move_constructible<C> &&
   c.allreduce(t, reduce_op::sum);
   c.broadcast(t, i);
   c.allgather(t, t);
+  c.reduce_scatter(t, t, reduce_op::sum);
   c.send(t, i, i);
   c.recv(t, i, i);
   { c.bcast_obj(i, i) } -> std::same_as<int>;

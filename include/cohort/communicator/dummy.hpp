@@ -16,10 +16,10 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
 //! Does everything `flat` does to gradients (collect, check, pack, scale, unpack) except the
-//! communication: what is left of a step's cost without the network. Gradients come out scaled as
-//! the reducer says but not summed, so training with it is not data-parallel training. Every
-//! other collective (tensors, objects, parameter broadcast) does communicate, so data scattering
-//! and metrics still work.
+//! reduction itself (the agreement check, if on, still costs its one small all-reduce): what is
+//! left of a step's cost without the network. Gradients come out scaled as the reducer says but not
+//! summed, so training with it is not data-parallel training. Every other collective (tensors,
+//! objects, parameter broadcast) does communicate, so data scattering and metrics still work.
 class dummy : public mpi_communicator<dummy> {
 public:
   explicit dummy(const boost::mpi::communicator& comm, communicator_options options = {})

@@ -38,6 +38,10 @@ public:
   template <reducer Reducer, class Exchange>
   void run(std::span<const grad_slot> slots, const Reducer& reducer, int ranks,
            Exchange&& exchange) {
+    // A step that threw halfway (an MPI error) must not leave its views for the next one.
+    sources_.clear();
+    targets_.clear();
+    filled_ = 0;
     for (const dtype type : all_dtypes) {
       const grad_reduction plan = reducer.plan(type, ranks);
       const std::size_t capacity = std::max<std::size_t>(1, buffer_bytes_ / size_of(plan.wire));

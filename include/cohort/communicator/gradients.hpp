@@ -36,7 +36,7 @@ struct grad_sync_options {
 
 namespace detail {
 
-enum class slot_state : unsigned char { ok, missing, wrong_size };
+enum class slot_state : unsigned char { ok, missing, wrong_size, not_contiguous };
 
 //! One parameter's gradient, type-erased.
 struct grad_slot {
@@ -47,10 +47,9 @@ struct grad_slot {
 };
 
 template <parameter P>
-void collect_one(P& p, missing_grad missing, std::vector<grad_slot>& slots) {
+grad_slot collect_one(P& p, missing_grad missing) {
   using traits = parameter_traits<std::remove_cvref_t<P>>;
   grad_slot slot;
-  slot.name = traits::name(p);
   slot.value_count = tensor_size(traits::value(p));
   auto* g = traits::grad(p);
   const bool absent = g == nullptr || (tensor_size(*g) == 0 && slot.value_count != 0);
@@ -62,21 +61,35 @@ void collect_one(P& p, missing_grad missing, std::vector<grad_slot>& slots) {
   }
   if (g == nullptr || (tensor_size(*g) == 0 && slot.value_count != 0)) {
     slot.state = slot_state::missing;
-  } else {
-    slot.grad = make_view(*g, slot.name.empty() ? std::string_view("gradient") : slot.name);
+  } else if (tensor_is_contiguous(*g)) {
+    slot.grad = make_view(*g);
     if (slot.grad.count != slot.value_count) {
       slot.state = slot_state::wrong_size;
     }
+  } else {
+    slot.state = slot_state::not_contiguous;
   }
-  slots.push_back(slot);
+  return slot;
 }
 
-//! Reads a parameter set into `slots` (whose capacity is reused from step to step).
+//! Reads a parameter set into `slots`, and the parameters' names into `names` (owned: a name may
+//! be a temporary). The capacities of both are reused from step to step.
 template <parameter_set Params>
-void collect_gradients(Params& params, missing_grad missing, std::vector<grad_slot>& slots) {
+void collect_gradients(Params& params, missing_grad missing, std::vector<grad_slot>& slots,
+                       std::vector<std::string>& names) {
   slots.clear();
-  for (auto& p : params) {
-    collect_one(p, missing, slots);
+  std::size_t count = 0;
+  for (auto&& p : params) {
+    using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+    if (names.size() <= count) {
+      names.emplace_back();
+    }
+    names[count++].assign(std::string_view(traits::name(p)));
+    slots.push_back(collect_one(p, missing));
+  }
+  // Only now that `names` has stopped growing may the slots point into it.
+  for (std::size_t i = 0; i < count; ++i) {
+    slots[i].name = names[i];
   }
 }
 
@@ -91,6 +104,8 @@ inline std::string slot_description(const grad_slot& slot) {
   case slot_state::wrong_size:
     return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type) +
            " for a value of " + std::to_string(slot.value_count) + " elements";
+  case slot_state::not_contiguous:
+    return "a gradient that is not contiguous";
   case slot_state::ok:
     break;
   }
@@ -113,7 +128,7 @@ inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
 //! Checks that every rank has the same gradient layout (if `check`), then that it is usable.
 //! With the check on, a local problem is found on every rank at once, so every rank throws.
 inline void validate_gradients(const boost::mpi::communicator& comm, std::string_view operation,
-                               std::span<const grad_slot> slots, bool check) {
+                               std::span<const grad_slot> slots, bool check, missing_grad missing) {
   if (check) {
     require_agreement(comm, operation, slots_fingerprint(slots), [&] {
       std::vector<signature_entry> entries;
@@ -133,8 +148,10 @@ inline void validate_gradients(const boost::mpi::communicator& comm, std::string
                           std::to_string(i) + ") on rank " + std::to_string(comm.rank()) + " has " +
                           slot_description(slot);
     if (slot.state == slot_state::missing) {
-      message += "; pass missing_grad::zero_fill to reduce a zero gradient for it (its gradient "
-                 "tensor must then be resizable)";
+      message += missing == missing_grad::report
+                     ? "; pass missing_grad::zero_fill to reduce a zero gradient for it"
+                     : "; zero_fill needs a gradient tensor to fill: a resizable one (an empty "
+                       "std::vector, say), not a null pointer";
     }
     throw invalid_argument(message);
   }

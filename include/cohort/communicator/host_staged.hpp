@@ -52,8 +52,9 @@ public:
       }
     }
     detail::operation_scope scope("allreduce");
-    const tensor_view v = make_view(t, "allreduce");
-    agree("allreduce", v.count, v.type, static_cast<int>(op), "op");
+    tensor_view v;
+    const std::string problem = local_checks([&] { v = make_view(t, "allreduce"); });
+    agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
     staged(v, true, [&](tensor_view host) { mpi::allreduce(mpi_comm(), host, op); });
   }
 
@@ -66,9 +67,12 @@ public:
       }
     }
     detail::operation_scope scope("broadcast");
-    const tensor_view v = make_view(t, "broadcast");
-    check_root(root, "broadcast");
-    agree("broadcast", v.count, v.type, root, "root");
+    tensor_view v;
+    const std::string problem = local_checks([&] {
+      v = make_view(t, "broadcast");
+      check_root(root, "broadcast");
+    });
+    agree("broadcast", v.count, v.type, root, "root", problem);
     staged(v, rank() == root, [&](tensor_view host) { mpi::broadcast(mpi_comm(), host, root); });
   }
 

@@ -25,6 +25,7 @@
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <span>
@@ -84,10 +85,13 @@ public:
   //! ordered by `key`. Collective. The options are kept (ChainerMN's split lost them).
   Strategy split(int color, int key) const {
     detail::operation_scope scope("split");
-    if (color < 0) {
-      throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
-                             ": color must be >= 0, not " + std::to_string(color));
-    }
+    const std::string problem = local_checks([&] {
+      if (color < 0) {
+        throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
+                               ": color must be >= 0, not " + std::to_string(color));
+      }
+    });
+    settle("split", detail::fingerprint{}.value(), nullptr, problem);
     MPI_Comm part = MPI_COMM_NULL;
     mpi::check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split", comm_);
     const boost::mpi::communicator adopted = detail::adopt(part);
@@ -106,8 +110,9 @@ public:
   requires host_tensor<T>
   void allreduce(T& t, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("allreduce");
-    const tensor_view v = host_view(t, "allreduce");
-    agree("allreduce", v.count, v.type, static_cast<int>(op), "op");
+    tensor_view v;
+    const std::string problem = local_checks([&] { v = host_view(t, "allreduce"); });
+    agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
     mpi::allreduce(comm_, v, op);
   }
 
@@ -115,8 +120,9 @@ public:
   template <writable_tensor T>
   requires host_tensor<T> mpi::request iallreduce(T& t, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("iallreduce");
-    const tensor_view v = host_view(t, "iallreduce");
-    agree("iallreduce", v.count, v.type, static_cast<int>(op), "op");
+    tensor_view v;
+    const std::string problem = local_checks([&] { v = host_view(t, "iallreduce"); });
+    agree("iallreduce", v.count, v.type, static_cast<int>(op), "op", problem);
     return mpi::iallreduce(comm_, v, op);
   }
 
@@ -125,9 +131,12 @@ public:
   requires host_tensor<T>
   void broadcast(T& t, int root = 0) {
     detail::operation_scope scope("broadcast");
-    const tensor_view v = host_view(t, "broadcast");
-    check_root(root, "broadcast");
-    agree("broadcast", v.count, v.type, root, "root");
+    tensor_view v;
+    const std::string problem = local_checks([&] {
+      v = host_view(t, "broadcast");
+      check_root(root, "broadcast");
+    });
+    agree("broadcast", v.count, v.type, root, "root", problem);
     mpi::broadcast(comm_, v, root);
   }
 
@@ -135,9 +144,12 @@ public:
   template <writable_tensor T>
   requires host_tensor<T> mpi::request ibroadcast(T& t, int root = 0) {
     detail::operation_scope scope("ibroadcast");
-    const tensor_view v = host_view(t, "ibroadcast");
-    check_root(root, "ibroadcast");
-    agree("ibroadcast", v.count, v.type, root, "root");
+    tensor_view v;
+    const std::string problem = local_checks([&] {
+      v = host_view(t, "ibroadcast");
+      check_root(root, "ibroadcast");
+    });
+    agree("ibroadcast", v.count, v.type, root, "root", problem);
     return mpi::ibroadcast(comm_, v, root);
   }
 
@@ -146,9 +158,14 @@ public:
   requires host_tensor<In> && host_tensor<Out>
   void allgather(const In& in, Out& out) {
     detail::operation_scope scope("allgather");
-    const const_tensor_view i = host_const_view(in, "allgather");
-    const tensor_view o = host_view(out, "allgather");
-    check_blocks(i, o, "allgather");
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = local_checks([&] {
+      i = host_const_view(in, "allgather");
+      o = host_view(out, "allgather");
+      check_blocks(i, o, "allgather");
+    });
+    agree("allgather", i.count, i.type, 0, "", problem);
     mpi::allgather(comm_, i, o);
   }
 
@@ -156,9 +173,14 @@ public:
   template <tensor In, writable_tensor Out>
   requires host_tensor<In> && host_tensor<Out> mpi::request iallgather(const In& in, Out& out) {
     detail::operation_scope scope("iallgather");
-    const const_tensor_view i = host_const_view(in, "iallgather");
-    const tensor_view o = host_view(out, "iallgather");
-    check_blocks(i, o, "iallgather");
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = local_checks([&] {
+      i = host_const_view(in, "iallgather");
+      o = host_view(out, "iallgather");
+      check_blocks(i, o, "iallgather");
+    });
+    agree("iallgather", i.count, i.type, 0, "", problem);
     return mpi::iallgather(comm_, i, o);
   }
 
@@ -167,9 +189,14 @@ public:
   requires host_tensor<In> && host_tensor<Out>
   void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("reduce_scatter");
-    const const_tensor_view i = host_const_view(in, "reduce_scatter");
-    const tensor_view o = host_view(out, "reduce_scatter");
-    check_blocks(o, i, "reduce_scatter");
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = local_checks([&] {
+      i = host_const_view(in, "reduce_scatter");
+      o = host_view(out, "reduce_scatter");
+      check_blocks(o, i, "reduce_scatter");
+    });
+    agree("reduce_scatter", o.count, o.type, static_cast<int>(op), "op", problem);
     mpi::reduce_scatter(comm_, i, o, op);
   }
 
@@ -213,7 +240,6 @@ public:
   template <class T>
   T bcast_obj(const T& obj, int root = 0) {
     detail::operation_scope scope("bcast_obj");
-    check_root(root, "bcast_obj");
     agree_root("bcast_obj", root);
     T value = rank() == root ? obj : T{};
     mpi::translate("bcast_obj", comm_, [&] { boost::mpi::broadcast(comm_, value, root); });
@@ -224,7 +250,6 @@ public:
   template <class T>
   std::vector<T> gather_obj(const T& obj, int root = 0) {
     detail::operation_scope scope("gather_obj");
-    check_root(root, "gather_obj");
     agree_root("gather_obj", root);
     std::vector<T> all;
     mpi::translate("gather_obj", comm_, [&] { boost::mpi::gather(comm_, obj, all, root); });
@@ -267,43 +292,75 @@ public:
 
   // ---- parameters --------------------------------------------------------------------------
 
-  //! Copies every parameter's value from `root` to every rank, packed into one message. The ranks
-  //! first agree on the layout (names, sizes, dtypes) if the agreement check is on.
+  //! Copies every parameter's value from `root` to every rank. The ranks first agree on the
+  //! layout (names, sizes, dtypes) if the agreement check is on. Small values travel packed in
+  //! the fusion buffer's worth of bytes at a time, large ones in place, so no copy of the model
+  //! is made.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
     detail::operation_scope scope("broadcast_parameters");
-    check_root(root, "broadcast_parameters");
-    std::vector<const_tensor_view> as_bytes;
-    std::vector<detail::signature_entry> described;
-    detail::fingerprint f;
-    f.add(static_cast<std::uint64_t>(root));
-    for (auto& p : params) {
-      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-      const std::string_view name = traits::name(p);
-      const tensor_view v = host_view(traits::value(p), name.empty() ? "parameter" : name);
-      f.add(name).add(v.count).add(static_cast<std::uint64_t>(v.type));
-      described.push_back({"parameter '" + std::string(name) + "'",
-                           "a value of " + detail::describe_tensor(v.count, v.type)});
-      as_bytes.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
-    }
-    if (options_.check_agreement) {
-      detail::require_agreement(comm_, "broadcast_parameters", f.value(),
-                                [&] { return described; });
-    }
-    std::vector<std::byte> buffer(kernels::host::packed_count(as_bytes));
-    const tensor_view packed{buffer.data(), buffer.size(), dtype::uint8, memory_location::host};
-    if (rank() == root) {
-      kernels::host::pack(as_bytes, packed);
-    }
-    mpi::broadcast(comm_, packed, root);
-    if (rank() != root) {
-      std::vector<tensor_view> targets;
-      targets.reserve(as_bytes.size());
-      for (const auto& b : as_bytes) {
-        targets.push_back({const_cast<void*>(b.data), b.count, b.type, b.location});
+    std::vector<std::string> names;
+    std::vector<tensor_view> values;
+    const std::string problem = local_checks([&] {
+      check_root(root, "broadcast_parameters");
+      for (auto&& p : params) {
+        using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+        names.emplace_back(traits::name(p));
+        values.push_back(host_view(traits::value(p), "parameter '" + names.back() + "'"));
       }
-      kernels::host::unpack(packed, targets);
+    });
+    detail::fingerprint f;
+    f.add(static_cast<std::uint64_t>(root)).add(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      f.add(names[i]).add(values[i].count).add(static_cast<std::uint64_t>(values[i].type));
     }
+    settle(
+        "broadcast_parameters", f.value(),
+        [&] {
+          std::vector<detail::signature_entry> described;
+          for (std::size_t i = 0; i < values.size(); ++i) {
+            described.push_back(
+                {"parameter '" + names[i] + "'",
+                 "a value of " + detail::describe_tensor(values[i].count, values[i].type)});
+          }
+          return described;
+        },
+        problem);
+
+    const std::size_t capacity = options_.fusion_buffer_bytes;
+    const std::size_t threshold = std::min(options_.fusion_threshold_bytes, capacity);
+    std::vector<std::byte> buffer;
+    std::vector<tensor_view> pending;
+    std::size_t filled = 0;
+    const auto flush = [&] {
+      if (pending.empty()) {
+        return;
+      }
+      buffer.resize(std::max(buffer.size(), filled));
+      const tensor_view packed{buffer.data(), filled, dtype::uint8, memory_location::host};
+      const std::vector<const_tensor_view> sources(pending.begin(), pending.end());
+      if (rank() == root) {
+        kernels::host::pack(sources, packed);
+      }
+      mpi::broadcast(comm_, packed, root);
+      if (rank() != root) {
+        kernels::host::unpack(packed, pending);
+      }
+      pending.clear();
+      filled = 0;
+    };
+    for (const tensor_view& v : values) {
+      if (v.size_bytes() >= threshold) {
+        mpi::broadcast(comm_, v, root);
+        continue;
+      }
+      if (filled + v.size_bytes() > capacity) {
+        flush();
+      }
+      pending.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
+      filled += v.size_bytes();
+    }
+    flush();
   }
 
   //! Reduces every parameter's gradient over all ranks as `reducer` says (for `mean`: the
@@ -312,8 +369,9 @@ public:
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
     detail::operation_scope scope("allreduce_grad");
-    detail::collect_gradients(params, options.missing, slots_);
-    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement);
+    detail::collect_gradients(params, options.missing, slots_, names_);
+    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
+                               options.missing);
     for (const auto& slot : slots_) {
       static_cast<const Strategy&>(*this).check_gradient_location(slot.grad.location,
                                                                   "allreduce_grad");
@@ -376,7 +434,6 @@ protected:
           std::to_string(size()) + "-rank tensor needs " + std::to_string(expected) +
           ", but it has " + std::to_string(whole.count));
     }
-    agree(operation, block.count, block.type, 0, "");
   }
 
   void check_root(int root, std::string_view operation) const {
@@ -394,36 +451,75 @@ protected:
     }
   }
 
-  void agree(std::string_view operation, std::size_t count, dtype type, int detail_value,
-             std::string_view detail_name) {
-    if (!options_.check_agreement) {
-      return;
+  //! Runs a front door's local checks and returns what they found ("" when the arguments are
+  //! good) instead of throwing: a rank with bad input must still take part in the agreement
+  //! check, or the others would wait for it in the collective.
+  template <class Checks>
+  static std::string local_checks(Checks&& checks) {
+    try {
+      checks();
+      return {};
+    } catch (const invalid_argument& e) {
+      return e.what();
     }
+  }
+
+  //! The end of every front door: the ranks compare `hash` and whether each found a problem; a
+  //! mismatch throws `mismatch_error` everywhere, and a problem found on every rank throws there.
+  //! Without the agreement check a problem throws at once, on its own rank only.
+  template <class Describe>
+  void settle(std::string_view operation, std::uint64_t hash, Describe&& describe,
+              const std::string& problem) const {
+    if (options_.check_agreement) {
+      detail::fingerprint f;
+      f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+      detail::require_agreement(comm_, operation, f.value(), [&] {
+        if (!problem.empty()) {
+          return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
+        }
+        if constexpr (std::is_invocable_v<Describe>) {
+          return describe();
+        } else {
+          return std::vector<detail::signature_entry>{{"the call", "good arguments"}};
+        }
+      });
+    }
+    if (!problem.empty()) {
+      throw invalid_argument(problem);
+    }
+  }
+
+  void agree(std::string_view operation, std::size_t count, dtype type, int detail_value,
+             std::string_view detail_name, const std::string& problem = {}) const {
     detail::fingerprint f;
     f.add(operation).add(count).add(static_cast<std::uint64_t>(type));
     f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(detail_value)));
-    detail::require_agreement(comm_, operation, f.value(), [&] {
-      std::string described = detail::describe_tensor(count, type);
-      if (!detail_name.empty()) {
-        described +=
-            " (" + std::string(detail_name) + " " +
-            (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(detail_value)))
-                                 : std::to_string(detail_value)) +
-            ")";
-      }
-      return std::vector<detail::signature_entry>{{"the tensor", described}};
-    });
+    settle(
+        operation, f.value(),
+        [&] {
+          std::string described = detail::describe_tensor(count, type);
+          if (!detail_name.empty()) {
+            described +=
+                " (" + std::string(detail_name) + " " +
+                (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(detail_value)))
+                                     : std::to_string(detail_value)) +
+                ")";
+          }
+          return std::vector<detail::signature_entry>{{"the tensor", described}};
+        },
+        problem);
   }
 
-  void agree_root(std::string_view operation, int root) {
-    if (!options_.check_agreement) {
-      return;
-    }
+  void agree_root(std::string_view operation, int root) const {
+    const std::string problem = local_checks([&] { check_root(root, operation); });
     detail::fingerprint f;
     f.add(operation).add(static_cast<std::uint64_t>(root));
-    detail::require_agreement(comm_, operation, f.value(), [&] {
-      return std::vector<detail::signature_entry>{{"the root", std::to_string(root)}};
-    });
+    settle(
+        operation, f.value(),
+        [&] {
+          return std::vector<detail::signature_entry>{{"the root", std::to_string(root)}};
+        },
+        problem);
   }
 
 private:
@@ -431,6 +527,7 @@ private:
   communicator_options options_;
   node_layout layout_;
   std::vector<detail::grad_slot> slots_;
+  std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary
 };
 
 //! A communicator of strategy `Strategy` over all the processes (`MPI_COMM_WORLD`). Collective.

@@ -76,8 +76,9 @@ public:
       }
     }
     operation_scope scope("allreduce");
-    const tensor_view v = device_view(t, "allreduce");
-    this->agree("allreduce", v.count, v.type, static_cast<int>(op), "op");
+    tensor_view v;
+    const std::string problem = this->local_checks([&] { v = device_view(t, "allreduce"); });
+    this->agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
     enqueue("allreduce", [&](const nccl::communicator& c, cudaStream_t s) {
       nccl::allreduce(c, v.data, v.data, v.count, v.type, op, s);
     });
@@ -91,9 +92,12 @@ public:
       }
     }
     operation_scope scope("broadcast");
-    const tensor_view v = device_view(t, "broadcast");
-    this->check_root(root, "broadcast");
-    this->agree("broadcast", v.count, v.type, root, "root");
+    tensor_view v;
+    const std::string problem = this->local_checks([&] {
+      v = device_view(t, "broadcast");
+      this->check_root(root, "broadcast");
+    });
+    this->agree("broadcast", v.count, v.type, root, "root", problem);
     enqueue("broadcast", [&](const nccl::communicator& c, cudaStream_t s) {
       nccl::broadcast(c, v.data, v.count, v.type, root, s);
     });
@@ -107,9 +111,14 @@ public:
       }
     }
     operation_scope scope("allgather");
-    const const_tensor_view i = device_const_view(in, "allgather");
-    const tensor_view o = device_view(out, "allgather");
-    this->check_blocks(i, o, "allgather");
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = this->local_checks([&] {
+      i = device_const_view(in, "allgather");
+      o = device_view(out, "allgather");
+      this->check_blocks(i, o, "allgather");
+    });
+    this->agree("allgather", i.count, i.type, 0, "", problem);
     enqueue("allgather", [&](const nccl::communicator& c, cudaStream_t s) {
       nccl::allgather(c, i.data, o.data, i.count, i.type, s);
     });
@@ -123,9 +132,14 @@ public:
       }
     }
     operation_scope scope("reduce_scatter");
-    const const_tensor_view i = device_const_view(in, "reduce_scatter");
-    const tensor_view o = device_view(out, "reduce_scatter");
-    this->check_blocks(o, i, "reduce_scatter");
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = this->local_checks([&] {
+      i = device_const_view(in, "reduce_scatter");
+      o = device_view(out, "reduce_scatter");
+      this->check_blocks(o, i, "reduce_scatter");
+    });
+    this->agree("reduce_scatter", o.count, o.type, static_cast<int>(op), "op", problem);
     enqueue("reduce_scatter", [&](const nccl::communicator& c, cudaStream_t s) {
       nccl::reduce_scatter(c, i.data, o.data, o.count, o.type, op, s);
     });
@@ -162,44 +176,52 @@ public:
     });
   }
 
-  //! Copies every parameter's value from `root` (one NCCL broadcast of the packed bytes for
-  //! values in GPU memory; MPI for a parameter set in host memory).
+  //! Copies every parameter's value from `root`: one NCCL broadcast of the packed bytes for
+  //! values in GPU memory (MPI, as in every strategy, for a parameter set in host memory).
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
+    std::vector<std::string> names;
     std::vector<tensor_view> values;
     bool any_device = false;
     bool any_host = false;
-    for (auto& p : params) {
+    for (auto&& p : params) {
       using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-      const tensor_view v = make_view(traits::value(p), traits::name(p));
+      names.emplace_back(traits::name(p));
+      const tensor_view v = make_view(traits::value(p), names.back());
       (v.location == memory_location::host ? any_host : any_device) = true;
       values.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
     }
     if (!any_device) {
       return base::broadcast_parameters(params, root);
     }
-    if (any_host) {
-      throw invalid_argument("cohort: broadcast_parameters on rank " +
-                             std::to_string(this->rank()) +
-                             ": the parameters are partly in host and partly in device memory");
-    }
-    // The layout check of the MPI path, on the same parameters, then the bytes through NCCL.
     operation_scope scope("broadcast_parameters");
-    this->check_root(root, "broadcast_parameters");
-    if (this->options().check_agreement) {
-      fingerprint f;
-      f.add(static_cast<std::uint64_t>(root));
-      std::vector<signature_entry> described;
-      for (auto& p : params) {
-        using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-        const tensor_view v = make_view(traits::value(p), traits::name(p));
-        f.add(traits::name(p)).add(v.count).add(static_cast<std::uint64_t>(v.type));
-        described.push_back({"parameter '" + std::string(traits::name(p)) + "'",
-                             "a value of " + describe_tensor(v.count, v.type)});
+    const std::string problem = this->local_checks([&] {
+      this->check_root(root, "broadcast_parameters");
+      if (any_host) {
+        throw invalid_argument("cohort: broadcast_parameters on rank " +
+                               std::to_string(this->rank()) +
+                               ": the parameters are partly in host and partly in device memory");
       }
-      require_agreement(this->mpi_comm(), "broadcast_parameters", f.value(),
-                        [&] { return described; });
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        check_device(values[i].data, names[i]);
+      }
+    });
+    fingerprint f;
+    f.add(static_cast<std::uint64_t>(root)).add(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      f.add(names[i]).add(values[i].count);
     }
+    this->settle(
+        "broadcast_parameters", f.value(),
+        [&] {
+          std::vector<signature_entry> described;
+          for (std::size_t i = 0; i < values.size(); ++i) {
+            described.push_back({"parameter '" + names[i] + "'",
+                                 "a value of " + std::to_string(values[i].count) + " bytes"});
+          }
+          return described;
+        },
+        problem);
     std::size_t bytes = 0;
     for (const auto& v : values) {
       bytes += v.count;

@@ -4,6 +4,7 @@
 #include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/reducer/mean.hpp>
 #include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/float16.hpp>
@@ -18,7 +19,7 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! gradient is divided by the number of ranks before it is cast and summed, so the sum of n
 //! gradients cannot overflow where their mean would not (ChainerMN summed fp16 first, then
 //! divided). Gradients that are already 16-bit are averaged as `mean` does; integer gradients
-//! are not compressed (their mean is exact in their own type).
+//! are not compressed (they are averaged as `mean` does, through int64).
 template <class Wire>
 requires std::is_same_v<Wire, float16> || std::is_same_v<Wire, bfloat16>
 struct compressed {
@@ -29,7 +30,7 @@ struct compressed {
           type == dtype::float16 || type == dtype::bfloat16 ? type : dtype_of_v<Wire>;
       return {wire, inverse, 1.0, reduce_op::sum};
     }
-    return {type, 1.0, inverse, reduce_op::sum};
+    return mean{}.plan(type, ranks);
   }
 };
 

@@ -25,7 +25,8 @@ inline namespace COHORT_ABI_NAMESPACE {
 //!   missing gradient its storage when a parameter's gradient is zero-filled.
 //!
 //! `cohort/tensor/std.hpp` holds the specializations for the standard containers; see
-//! `test/tensor/user_tensor.cpp` for a user type.
+//! `test/tensor/traits.cpp` (a run-time dtype) and `test/communicator/collectives.cpp` for user
+//! types.
 template <class T>
 struct tensor_traits;
 

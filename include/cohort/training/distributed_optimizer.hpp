@@ -35,7 +35,8 @@ struct distributed_optimizer_options {
 //! gradients across ranks with `Reducer` (the mean, by default) and then steps the inner
 //! optimizer, so that the replicas stay identical.
 //!
-//! The parameter set is held by reference: it must outlive the wrapper. A strategy chosen at
+//! The parameter set and the communicator are held by reference: both must outlive the wrapper,
+//! and neither may be moved while it is in use. A strategy chosen at
 //! compile time costs nothing per step beyond its own work: the parameter set's type is erased
 //! behind one function pointer, called once per step.
 //!

@@ -131,24 +131,7 @@ struct shard_plan {
 template <communicator Communicator>
 shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_options& options,
                          const char* operation, bool every_rank_knows_n) {
-  if (options.root < 0 || options.root >= comm.size()) {
-    throw invalid_argument(std::string("cohort: ") + operation + " on rank " +
-                           std::to_string(comm.rank()) + ": root " + std::to_string(options.root) +
-                           " is not a rank of this " + std::to_string(comm.size()) +
-                           "-rank communicator");
-  }
-  if (every_rank_knows_n) {
-    const auto all = comm.allgather_obj(static_cast<std::uint64_t>(n));
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      if (all[r] != all[static_cast<std::size_t>(options.root)]) {
-        throw mismatch_error(std::string("cohort: ") + operation + ": the dataset has " +
-                             std::to_string(all[static_cast<std::size_t>(options.root)]) +
-                             " examples on rank " + std::to_string(options.root) +
-                             " (the root) but " + std::to_string(all[r]) + " on rank " +
-                             std::to_string(r));
-      }
-    }
-  }
+  // The root's plan first: bcast_obj settles a bad or disputed root on every rank alike.
   shard_plan plan;
   if (comm.rank() == options.root) {
     plan.total = n;
@@ -156,7 +139,19 @@ shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_option
     plan.seed = options.seed ? *options.seed : std::random_device{}() * 0x9e3779b97f4a7c15ull;
     plan.force_equal_length = options.force_equal_length;
   }
-  return comm.bcast_obj(plan, options.root);
+  plan = comm.bcast_obj(plan, options.root);
+  if (every_rank_knows_n) {
+    const auto all = comm.allgather_obj(static_cast<std::uint64_t>(n));
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != plan.total) {
+        throw mismatch_error(std::string("cohort: ") + operation + ": the dataset has " +
+                             std::to_string(plan.total) + " examples on rank " +
+                             std::to_string(options.root) + " (the root) but " +
+                             std::to_string(all[r]) + " on rank " + std::to_string(r));
+      }
+    }
+  }
+  return plan;
 }
 } // namespace detail
 

@@ -15,6 +15,7 @@
 #include <cohort/tensor/float16.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 
+#include <boost/archive/archive_exception.hpp>
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/exception.hpp>
 #include <mpi.h>
@@ -68,12 +69,16 @@ inline void check(int code, std::string_view operation, MPI_Comm comm) {
 }
 
 //! Runs a Boost.MPI call and turns its `boost::mpi::exception` into an `engine_error`.
+//! A Boost.Serialization failure (an archive that cannot be read) becomes a `cohort::error` too.
 template <class F>
 decltype(auto) translate(std::string_view operation, const boost::mpi::communicator& comm, F&& f) {
   try {
     return std::forward<F>(f)();
   } catch (const boost::mpi::exception& e) {
     throw engine_error("MPI", std::string(operation), rank_of(comm), e.result_code(), e.what());
+  } catch (const boost::archive::archive_exception& e) {
+    throw error("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_of(comm)) +
+                ": serialization failed: " + e.what());
   }
 }
 
@@ -269,8 +274,12 @@ private:
 };
 
 namespace detail {
-// MPI counts are int: a tensor of more than INT_MAX elements goes in several calls.
-inline constexpr std::size_t max_count = static_cast<std::size_t>(INT_MAX);
+// MPI counts are int: a tensor of more than INT_MAX elements goes in several calls. Tests lower
+// the limit (`chunk_limit() = 7`) to run the chunked paths on tiny tensors.
+inline std::size_t& chunk_limit() noexcept {
+  static std::size_t limit = static_cast<std::size_t>(INT_MAX);
+  return limit;
+}
 
 template <class F>
 void for_each_chunk(std::size_t count, std::size_t element_size, F&& f) {
@@ -278,8 +287,9 @@ void for_each_chunk(std::size_t count, std::size_t element_size, F&& f) {
     f(std::size_t{0}, 0);
     return;
   }
-  for (std::size_t begin = 0; begin < count; begin += max_count) {
-    const std::size_t n = std::min(max_count, count - begin);
+  const std::size_t limit = chunk_limit();
+  for (std::size_t begin = 0; begin < count; begin += limit) {
+    const std::size_t n = std::min(limit, count - begin);
     f(begin * element_size, static_cast<int>(n));
   }
 }
@@ -337,7 +347,7 @@ inline request ibroadcast(MPI_Comm comm, tensor_view data, int root) {
 //! All-gather: `out` holds `in.count * size` elements, rank r's block at `r * in.count`.
 inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
   const MPI_Datatype type = datatype(in.type);
-  if (in.count > detail::max_count) {
+  if (in.count > static_cast<std::size_t>(INT_MAX)) {
     throw invalid_argument("cohort: MPI_Allgather of more than INT_MAX elements per rank");
   }
   const int n = static_cast<int>(in.count);
@@ -348,7 +358,7 @@ inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
 inline request iallgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
   request pending(comm, "MPI_Iallgather");
   const MPI_Datatype type = datatype(in.type);
-  if (in.count > detail::max_count) {
+  if (in.count > static_cast<std::size_t>(INT_MAX)) {
     throw invalid_argument("cohort: MPI_Iallgather of more than INT_MAX elements per rank");
   }
   const int n = static_cast<int>(in.count);
@@ -360,7 +370,7 @@ inline request iallgather(MPI_Comm comm, const_tensor_view in, tensor_view out) 
 //! Reduce-scatter: `in` holds `out.count * size` elements; rank r gets the reduction of block r.
 inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
                            reduce_op operation) {
-  if (out.count > detail::max_count) {
+  if (out.count > static_cast<std::size_t>(INT_MAX)) {
     throw invalid_argument("cohort: MPI_Reduce_scatter_block of more than INT_MAX elements");
   }
   check(MPI_Reduce_scatter_block(in.data, out.data, static_cast<int>(out.count), datatype(in.type),
