@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GPU strategies against the host oracle (flat on copies of the same data), at 1 to N ranks,
+// one GPU per rank. Skipped (77) where fewer devices are visible than ranks: NCCL does not
+// support two ranks on one device.
+#define BOOST_TEST_MODULE gpu.strategies
+#include <cohort/nccl.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <boost/mpi/environment.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/device_vector.hpp"
+#include "support/fill.hpp"
+
+using cohort::test::closed_form;
+using cohort::test::closed_form_sum;
+using cohort::test::device_array;
+
+namespace {
+template <class T>
+void expect_equal(const std::vector<T>& got, const std::vector<T>& expected) {
+  BOOST_CHECK_EQUAL_COLLECTIONS(got.begin(), got.end(), expected.begin(), expected.end());
+}
+
+template <class Strategy>
+Strategy make(cohort::gpu_options gpu = {}) {
+  return Strategy(boost::mpi::communicator(), {}, gpu);
+}
+template <>
+cohort::host_staged make<cohort::host_staged>(cohort::gpu_options) {
+  return cohort::host_staged(boost::mpi::communicator());
+}
+
+// Mixed sizes and dtypes on the device; the same on the host for the oracle.
+template <class Strategy, class Reducer>
+void check_allreduce_grad(Reducer reducer, double tolerance) {
+  auto comm = make<Strategy>();
+  auto oracle = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  const std::size_t sizes[] = {0, 1, 7, 1000, 4099};
+  std::vector<std::vector<float>> host_values, host_grads;
+  std::vector<std::unique_ptr<device_array<float>>> values, grads;
+  for (const std::size_t n : sizes) {
+    host_values.emplace_back(n);
+    host_grads.push_back(cohort::test::filled<float>(n, r));
+    values.push_back(std::make_unique<device_array<float>>(host_values.back()));
+    grads.push_back(std::make_unique<device_array<float>>(host_grads.back()));
+  }
+  std::vector<cohort::parameter_ref<cohort::device_span<float>>> params;
+  std::vector<cohort::device_span<float>> spans;
+  spans.reserve(2 * values.size());
+  std::vector<cohort::parameter_ref<std::vector<float>>> host_params;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    spans.push_back(values[i]->span());
+    spans.push_back(grads[i]->span());
+    params.push_back({"p" + std::to_string(i), &spans[2 * i], &spans[2 * i + 1]});
+    host_params.push_back({"p" + std::to_string(i), &host_values[i], &host_grads[i]});
+  }
+  comm.allreduce_grad(params, reducer);
+  oracle.allreduce_grad(host_params, reducer);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const auto got = grads[i]->read();
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      const double expected = host_grads[i][j];
+      BOOST_REQUIRE_MESSAGE(std::abs(got[j] - expected) <= tolerance * std::max(1.0, expected),
+                            "tensor " << i << " element " << j << ": " << got[j] << " vs "
+                                      << expected);
+    }
+  }
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(pure_nccl_mean_sum_and_compressed_match_the_oracle) {
+  check_allreduce_grad<cohort::pure_nccl>(cohort::mean{}, 1e-6);
+  check_allreduce_grad<cohort::pure_nccl>(cohort::sum{}, 0.0);
+  check_allreduce_grad<cohort::pure_nccl>(cohort::compressed<cohort::float16>{}, 4e-3);
+}
+
+BOOST_AUTO_TEST_CASE(single_node_and_host_staged_match_the_oracle) {
+  check_allreduce_grad<cohort::single_node>(cohort::mean{}, 1e-6);
+  check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6);
+  check_allreduce_grad<cohort::host_staged>(cohort::compressed<cohort::bfloat16>{}, 3e-2);
+}
+
+BOOST_AUTO_TEST_CASE(device_tensor_collectives) {
+  auto comm = make<cohort::pure_nccl>();
+  const int n = comm.size();
+  device_array<double> x(cohort::test::filled<double>(33, comm.rank()));
+  auto view = x.span();
+  comm.allreduce(view);
+  auto got = x.read();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    BOOST_REQUIRE_EQUAL(got[i], closed_form_sum(i, n));
+  }
+  device_array<std::int32_t> b(std::vector<std::int32_t>(5, comm.rank() == n - 1 ? 42 : 0));
+  auto bview = b.span();
+  comm.broadcast(bview, n - 1);
+  expect_equal(b.read(), std::vector<std::int32_t>(5, 42));
+  device_array<float> mine(std::vector<float>(2, static_cast<float>(comm.rank())));
+  device_array<float> all(std::vector<float>(2 * static_cast<std::size_t>(n)));
+  auto mine_view = mine.span();
+  auto all_view = all.span();
+  comm.allgather(mine_view, all_view);
+  const auto gathered = all.read();
+  for (int rank = 0; rank < n; ++rank) {
+    BOOST_CHECK_EQUAL(gathered[2 * static_cast<std::size_t>(rank)], static_cast<float>(rank));
+  }
+  // Host memory still goes through MPI on the same communicator.
+  std::vector<float> host(3, 1.0f);
+  comm.allreduce(host);
+  BOOST_CHECK_EQUAL(host[0], static_cast<float>(n));
+  auto staged = make<cohort::host_staged>();
+  device_array<float> y(std::vector<float>(9, 2.0f));
+  auto y_view = y.span();
+  staged.allreduce(y_view);
+  expect_equal(y.read(), std::vector<float>(9, 2.0f * static_cast<float>(n)));
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
+  auto comm = make<cohort::pure_nccl>();
+  device_array<float> w(std::vector<float>(10, static_cast<float>(comm.rank())));
+  device_array<float> g(std::vector<float>(10));
+  auto w_view = w.span();
+  auto g_view = g.span();
+  std::vector<cohort::parameter_ref<cohort::device_span<float>>> params{{"w", &w_view, &g_view}};
+  comm.broadcast_parameters(params, comm.size() - 1);
+  expect_equal(w.read(), std::vector<float>(10, static_cast<float>(comm.size() - 1)));
+}
+
+BOOST_AUTO_TEST_CASE(a_collective_one_rank_never_joins_times_out_instead_of_hanging) {
+  if (boost::mpi::communicator().size() < 2) {
+    return;
+  }
+  // Without the agreement check, so that only NCCL waits; a 2-second limit.
+  cohort::pure_nccl comm(boost::mpi::communicator(), {.check_agreement = false},
+                         {.timeout = std::chrono::seconds(2)});
+  device_array<float> x(std::vector<float>(1 << 20, 1.0f));
+  auto view = x.span();
+  comm.allreduce(view); // creates the NCCL communicator on every rank
+  if (comm.rank() == 0) {
+    BOOST_CHECK_THROW(comm.allreduce(view), cohort::timeout_error);
+    BOOST_CHECK_THROW(comm.allreduce(view), cohort::error); // aborted: unusable now
+  }
+  comm.barrier();
+}
+
+BOOST_AUTO_TEST_CASE(finalize_twice_and_use_after_finalize) {
+  auto comm = make<cohort::pure_nccl>();
+  device_array<float> x(std::vector<float>(4, 1.0f));
+  auto view = x.span();
+  comm.allreduce(view);
+  comm.finalize();
+  comm.finalize(); // a second "free" is harmless
+  BOOST_CHECK_THROW(comm.allreduce(view), cohort::error);
+}
+
+BOOST_AUTO_TEST_CASE(memory_of_another_device_is_refused_by_name) {
+  if (cohort::cuda::device_count() < 2 * boost::mpi::communicator().size()) {
+    return; // needs a device that is not this rank's
+  }
+  auto comm = make<cohort::pure_nccl>();
+  device_array<float> x(std::vector<float>(4));
+  auto view = x.span();
+  comm.allreduce(view);
+  const int other = (cohort::cuda::current_device() + comm.size()) % cohort::cuda::device_count();
+  float* elsewhere = nullptr;
+  {
+    const cohort::cuda::device_guard on(other);
+    cohort::cuda::check(cudaMalloc(&elsewhere, 4 * sizeof(float)), "cudaMalloc");
+  }
+  cohort::device_span<float> wrong(elsewhere, 4);
+  BOOST_CHECK_THROW(comm.allreduce(wrong), cohort::invalid_argument);
+  (void)cudaFree(elsewhere);
+}
+
+int main(int argc, char* argv[]) {
+  boost::mpi::environment env(argc, argv);
+  const boost::mpi::communicator world;
+  if (cohort::cuda::device_count() < world.size()) {
+    if (world.rank() == 0) {
+      std::printf("%d CUDA device(s) visible for %d ranks (one each needed): skipped\n",
+                  cohort::cuda::device_count(), world.size());
+    }
+    return 77;
+  }
+  // One GPU per rank: the rank's index on its node picks it.
+  auto topology = cohort::make_communicator<cohort::naive>();
+  cohort::cuda::select_device(topology.intra_rank());
+  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
+}
