@@ -19,6 +19,11 @@
 
 #include <cohort/cohort.hpp>
 
+#include "method.hpp"
+#if defined(COHORT_BENCH_GPU)
+#include "gpu_rows.hpp"
+#endif
+
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
 #include <mpi.h>
@@ -217,12 +222,7 @@ struct gradient_set {
   }
 };
 
-struct method {
-  std::string_view name;
-  std::function<void()> run;
-  std::function<void(float)> fill;
-  std::function<std::size_t(float)> count_not_equal;
-};
+using bench::method;
 
 // One sample: all ranks start together, each times its own call, and the slowest one counts.
 double time_once(MPI_Comm comm, const method& m) {
@@ -268,7 +268,7 @@ std::string mpi_library() {
   return line.substr(0, line.find_first_of(",\n"));
 }
 
-void print_header(const settings& s, int ranks, int nodes) {
+void print_header(const settings& s, int ranks, int nodes, const std::string& gpu_line) {
   std::printf("# cohort %d.%d.%d all-reduce benchmark (bench/allreduce.cpp); %s\n",
               COHORT_VERSION_MAJOR, COHORT_VERSION_MINOR, COHORT_VERSION_PATCH,
               mpi_library().c_str());
@@ -295,8 +295,9 @@ void print_header(const settings& s, int ranks, int nodes) {
               "bytes\n");
   std::printf("# agreement check: on for naive and flat%s\n",
               s.unchecked_rows ? "; off for naive/nocheck and flat/nocheck" : "");
+  std::printf("%s\n", gpu_line.c_str());
   std::printf("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (0 at one rank), as in "
-              "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time\n");
+              "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time (gpu rows: / gpu raw nccl)\n");
   std::printf("#\n");
   std::printf("# %11s %11s %8s %14s %12s %12s %12s %7s\n", "bytes", "elements", "tensors", "method",
               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs raw");
@@ -338,8 +339,17 @@ int run(int argc, char** argv) {
   const MPI_Comm raw_comm = naive.mpi_comm();
   const MPI_Comm bookkeeping = world;
 
+  // GPU rows where this binary was built with them and every rank has a GPU of its own.
+  std::string gpu_line = "# gpu rows: none (built without CUDA and NCCL)";
+#if defined(COHORT_BENCH_GPU)
+  std::string no_gpu_rows;
+  const auto gpu = bench::gpu_rows::create(world, no_gpu_rows);
+  gpu_line = gpu ? "# gpu: pure_nccl and host_staged allreduce_grad over the same tensors in "
+                   "device memory; gpu raw nccl: one ncclAllReduce of one buffer; each waited for"
+                 : "# gpu rows: none (" + no_gpu_rows + ")";
+#endif
   if (rank == 0) {
-    print_header(s, ranks, naive.inter_size());
+    print_header(s, ranks, naive.inter_size(), gpu_line);
   }
   const double busbw_factor = 2.0 * (ranks - 1) / ranks;
   const auto wall_start = std::chrono::steady_clock::now();
@@ -382,6 +392,14 @@ int run(int argc, char** argv) {
                          fill_grads, check_grads});
     }
 
+#if defined(COHORT_BENCH_GPU)
+    if (gpu) {
+      for (auto& m :
+           gpu->prepare(elements, std::max<std::size_t>(1, s.tensor_bytes / sizeof(float)))) {
+        methods.push_back(std::move(m));
+      }
+    }
+#endif
     for (const auto& m : methods) {
       verify(bookkeeping, m, rank, ranks, bytes);
     }
@@ -403,14 +421,22 @@ int run(int argc, char** argv) {
     }
 
     if (rank == 0) {
+      // Host rows compare with the raw MPI_Allreduce, GPU rows with the raw ncclAllReduce.
       const double raw_time = median(samples.front());
+      double gpu_raw_time = raw_time;
+      for (std::size_t k = 0; k < methods.size(); ++k) {
+        if (methods[k].name == "gpu raw nccl") {
+          gpu_raw_time = median(samples[k]);
+        }
+      }
       for (std::size_t k = 0; k < methods.size(); ++k) {
         const double time = median(samples[k]);
         const double algbw = static_cast<double>(bytes) / time / 1e9;
-        const std::string_view name = methods[k].name;
+        const std::string& name = methods[k].name;
         std::printf("  %11zu %11zu %8zu %14.*s %12.2f %12.3f %12.3f %7.2f\n", bytes, elements,
                     grads.params.size(), static_cast<int>(name.size()), name.data(), time * 1e6,
-                    algbw, algbw * busbw_factor, time / raw_time);
+                    algbw, algbw * busbw_factor,
+                    time / (name.starts_with("gpu") ? gpu_raw_time : raw_time));
       }
       std::fflush(stdout);
     }
