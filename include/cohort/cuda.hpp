@@ -11,6 +11,7 @@
 #endif
 
 #include <cohort/cohort.hpp>
+#include <cohort/communicator/cuda_aware_flat.hpp>
 #include <cohort/communicator/host_staged.hpp>
 #include <cohort/kernels/batch.hpp>
 #include <cohort/kernels/cast.cuh>

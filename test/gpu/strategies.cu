@@ -38,6 +38,10 @@ template <>
 cohort::host_staged make<cohort::host_staged>(cohort::gpu_options) {
   return cohort::host_staged(boost::mpi::communicator());
 }
+template <>
+cohort::cuda_aware_flat make<cohort::cuda_aware_flat>(cohort::gpu_options) {
+  return cohort::cuda_aware_flat(boost::mpi::communicator());
+}
 
 // Mixed sizes and dtypes on the device; the same on the host for the oracle.
 template <class Strategy, class Reducer>
@@ -88,6 +92,15 @@ BOOST_AUTO_TEST_CASE(single_node_and_host_staged_match_the_oracle) {
   check_allreduce_grad<cohort::single_node>(cohort::mean{}, 1e-6);
   check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6);
   check_allreduce_grad<cohort::host_staged>(cohort::compressed<cohort::bfloat16>{}, 3e-2);
+}
+
+BOOST_AUTO_TEST_CASE(cuda_aware_flat_matches_the_oracle_or_refuses_a_plain_mpi) {
+  if (!cohort::mpi_is_cuda_aware()) {
+    BOOST_CHECK_THROW(cohort::cuda_aware_flat{boost::mpi::communicator()},
+                      cohort::invalid_argument);
+    return;
+  }
+  check_allreduce_grad<cohort::cuda_aware_flat>(cohort::mean{}, 1e-6);
 }
 
 BOOST_AUTO_TEST_CASE(device_tensor_collectives) {

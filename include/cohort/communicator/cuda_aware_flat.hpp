@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// flat for gradients in GPU memory over an MPI that is CUDA-aware (ChainerMN's flat): packed on
+// the device by one kernel, reduced by MPI directly on the device buffer, unpacked by one kernel.
+// Where MPI is not CUDA-aware, constructing it is an error that says to use host_staged.
+
+#if !defined(__CUDACC__)
+#error                                                                                             \
+    "<cohort/communicator/cuda_aware_flat.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+#endif
+
+#include <cohort/communicator/device_fused_reduction.hpp>
+#include <cohort/communicator/device_streams.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/mpi_communicator.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/transport/cuda.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <cuda_runtime_api.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h> // Open MPI's MPIX_Query_cuda_support
+#endif
+
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! Whether the MPI library says it can read and write GPU memory: true or false where it can
+//! tell (Open MPI), true where it cannot (the user's choice of this strategy is then trusted).
+inline bool mpi_is_cuda_aware() noexcept {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return true;
+#endif
+}
+
+class cuda_aware_flat : public mpi_communicator<cuda_aware_flat> {
+  using base = mpi_communicator<cuda_aware_flat>;
+
+public:
+  explicit cuda_aware_flat(const boost::mpi::communicator& comm, communicator_options options = {})
+      : base(comm, options) {
+    // Every rank runs the same MPI library: every rank throws alike.
+    if (!mpi_is_cuda_aware()) {
+      throw invalid_argument("cohort: cuda_aware_flat on rank " + std::to_string(rank()) +
+                             ": this MPI library is not CUDA-aware (MPIX_Query_cuda_support); "
+                             "use host_staged, or pure_nccl");
+    }
+  }
+
+  //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
+  void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
+
+private:
+  friend base;
+
+  void check_gradient_location(memory_location location, std::string_view operation) const {
+    if (location == memory_location::host) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) +
+                             ": cuda_aware_flat reduces GPU memory, and the gradient is in host "
+                             "memory (use flat for host memory)");
+    }
+  }
+
+  template <reducer Reducer>
+  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+    const cudaStream_t s = streams_.begin();
+    fused_.run(slots, reducer, size(), s, [&](tensor_view packed, reduce_op op) {
+      // MPI does not order itself on CUDA streams: the pack must be done before it reads.
+      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      mpi::allreduce(mpi_comm(), packed, op);
+    });
+    streams_.end();
+  }
+
+  detail::device_streams streams_;
+  detail::device_fused_reduction fused_;
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
