@@ -13,7 +13,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
 
-packages=(g++ cmake make pkg-config openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
+packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
           libboost-serialization-dev)
 
 deps() {

@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+import os
+
+from conan import ConanFile
+from conan.tools.build import check_min_cppstd
+from conan.tools.cmake import CMake, CMakeToolchain, cmake_layout
+from conan.tools.files import copy
+
+required_conan_version = ">=2.0"
+
+
+class CohortConan(ConanFile):
+    name = "cohort"
+    version = "0.1.0"
+    description = "Header-only C++20 data-parallel training over MPI and NCCL"
+    license = "Apache-2.0"
+    topics = ("mpi", "nccl", "cuda", "distributed-training", "header-only")
+    package_type = "header-library"
+    settings = "os", "arch", "compiler", "build_type"
+    # The components a consumer may ask for. The headers and the CMake package are the same
+    # either way (CUDA and NCCL are found on the consumer's machine, as CMake's components do):
+    # these options only say which components the package declares.
+    options = {"with_cuda": [True, False], "with_nccl": [True, False]}
+    default_options = {"with_cuda": False, "with_nccl": False}
+    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
+
+    def config_options(self):
+        pass
+
+    def configure(self):
+        if self.options.with_nccl:
+            self.options.with_cuda = True
+
+    def layout(self):
+        cmake_layout(self)
+
+    def requirements(self):
+        # Public headers include both, so both are transitive. ConanCenter's Boost builds without
+        # MPI by default: take both from the system with [platform_requires] (README).
+        self.requires("boost/[>=1.74]", transitive_headers=True)
+        self.requires("openmpi/[>=4.1]", transitive_headers=True)
+
+    def package_id(self):
+        self.info.clear()
+
+    def validate(self):
+        check_min_cppstd(self, 20)
+
+    def generate(self):
+        toolchain = CMakeToolchain(self)
+        toolchain.cache_variables["COHORT_BUILD_TESTS"] = False
+        toolchain.cache_variables["COHORT_BUILD_EXAMPLES"] = False
+        toolchain.cache_variables["COHORT_BUILD_BENCHMARKS"] = False
+        toolchain.cache_variables["COHORT_WITH_CUDA"] = bool(self.options.with_cuda)
+        toolchain.cache_variables["CMAKE_INSTALL_DATADIR"] = "share"
+        toolchain.generate()
+
+    def build(self):
+        cmake = CMake(self)
+        cmake.configure()
+
+    def package(self):
+        copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
+        CMake(self).install()
+
+    def package_info(self):
+        # Consumers use cohort's own CMake package (share/cmake/cohort), which finds MPI, Boost
+        # and, per component, CUDA and NCCL: the same targets as without Conan.
+        self.cpp_info.set_property("cmake_find_mode", "none")
+        self.cpp_info.builddirs = ["."]
+        self.cpp_info.set_property("pkg_config_name", "cohort")
+        self.cpp_info.bindirs = []
+        self.cpp_info.libdirs = []
+        base = self.cpp_info.components["cohort"]
+        base.set_property("cmake_target_name", "cohort::cohort")
+        base.requires = ["boost::boost", "openmpi::openmpi"]
+        # With components, Conan reads the build directories of the components: the package
+        # root goes on CMAKE_PREFIX_PATH, where share/cmake/cohort is found.
+        base.builddirs = ["."]
+        base.bindirs = []
+        base.libdirs = []
+        if self.options.with_cuda:
+            cuda = self.cpp_info.components["cuda"]
+            cuda.set_property("cmake_target_name", "cohort::cuda")
+            cuda.requires = ["cohort"]
+            cuda.system_libs = ["cudart"]
+            cuda.bindirs = []
+            cuda.libdirs = []
+        if self.options.with_nccl:
+            nccl = self.cpp_info.components["nccl"]
+            nccl.set_property("cmake_target_name", "cohort::nccl")
+            nccl.requires = ["cuda"]
+            nccl.system_libs = ["nccl"]
+            nccl.bindirs = []
+            nccl.libdirs = []

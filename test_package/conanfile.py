@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: Apache-2.0
+import os
+
+from conan import ConanFile
+from conan.tools.build import can_run
+from conan.tools.cmake import CMake, cmake_layout
+
+
+class CohortTestConan(ConanFile):
+    settings = "os", "arch", "compiler", "build_type"
+    generators = "CMakeDeps", "CMakeToolchain"
+
+    def requirements(self):
+        self.requires(self.tested_reference_str)
+
+    def layout(self):
+        cmake_layout(self)
+
+    def build(self):
+        cmake = CMake(self)
+        cmake.configure()
+        cmake.build()
+
+    def test(self):
+        if can_run(self):
+            trainer = os.path.join(self.cpp.build.bindir, "test_package")
+            # Two ranks, allowed to share a core and to run as root (CI containers).
+            self.run(f"mpirun --oversubscribe --allow-run-as-root -np 2 {trainer}", env="conanrun")
