@@ -32,6 +32,8 @@ struct device_floats {
     const std::vector<float> host(count, x);
     cohort::cuda::check(
         cudaMemcpy(data, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    // Pageable copies may return early: done before kernels on other streams read the buffer.
+    cohort::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   std::size_t count_not_equal(float x) const {
     std::vector<float> host(count);

@@ -292,10 +292,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(missing_gradients_are_reported_or_zero_filled, Str
   BOOST_TEST(grad[1] == static_cast<float>(comm.size() - 1));
   // With report, every rank learns which rank misses it.
   grad.assign(last ? 0 : 2, 1.0f);
-  BOOST_CHECK_EXCEPTION(
-      comm.allreduce_grad(uneven, cohort::sum{}), cohort::mismatch_error,
-      message_has({"parameter 'sometimes'", "a gradient of 2 float32 elements on rank 0",
-                   "no gradient", "on rank " + std::to_string(comm.size() - 1)}));
+  BOOST_CHECK_EXCEPTION(comm.allreduce_grad(uneven, cohort::sum{}), cohort::mismatch_error,
+                        message_has({"parameter 'sometimes'",
+                                     "a gradient of 2 float32 elements in host memory on rank 0",
+                                     "no gradient", "on rank " + std::to_string(comm.size() - 1)}));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(layout_mismatch_throws_on_every_rank, Strategy, reducing_strategies) {
@@ -315,10 +315,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(layout_mismatch_throws_on_every_rank, Strategy, re
     v.resize(6);
     gv.resize(6);
   }
-  BOOST_CHECK_EXCEPTION(
-      comm.allreduce_grad(params, cohort::mean{}), cohort::mismatch_error,
-      message_has({"allreduce_grad", "parameter 'v' (#1)", "5 float32 elements on rank 0",
-                   "6 float32 elements", "rank " + std::to_string(last)}));
+  BOOST_CHECK_EXCEPTION(comm.allreduce_grad(params, cohort::mean{}), cohort::mismatch_error,
+                        message_has({"allreduce_grad", "parameter 'v' (#1)",
+                                     "5 float32 elements in host memory on rank 0",
+                                     "6 float32 elements", "rank " + std::to_string(last)}));
   v.resize(5);
   gv.resize(5);
   std::vector<float> extra(1), g_extra(1);

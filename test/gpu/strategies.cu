@@ -149,20 +149,32 @@ BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
 }
 
 BOOST_AUTO_TEST_CASE(a_collective_one_rank_never_joins_times_out_instead_of_hanging) {
-  if (boost::mpi::communicator().size() < 2) {
+  const boost::mpi::communicator world;
+  if (world.size() < 2) {
     return;
   }
-  // Without the agreement check, so that only NCCL waits; a 2-second limit.
-  cohort::pure_nccl comm(boost::mpi::communicator(), {.check_agreement = false},
-                         {.timeout = std::chrono::seconds(2)});
+  // Without the agreement check, so that only NCCL waits; a 2-second limit. Every rank but the
+  // last enters an all-reduce the last never joins.
+  cohort::pure_nccl comm(world, {.check_agreement = false}, {.timeout = std::chrono::seconds(2)});
   device_array<float> x(std::vector<float>(1 << 20, 1.0f));
   auto view = x.span();
-  comm.allreduce(view); // creates the NCCL communicator on every rank
-  if (comm.rank() == 0) {
-    BOOST_CHECK_THROW(comm.allreduce(view), cohort::timeout_error);
-    BOOST_CHECK_THROW(comm.allreduce(view), cohort::error); // aborted: unusable now
+  comm.allreduce(view); // connects every rank, on the same size the stuck call uses
+  if (comm.rank() != comm.size() - 1) {
+    const auto start = std::chrono::steady_clock::now();
+    BOOST_CHECK_EXCEPTION(comm.allreduce(view), cohort::timeout_error,
+                          [](const cohort::timeout_error& e) {
+                            return std::string(e.what()).find("aborted") != std::string::npos;
+                          });
+    BOOST_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+    // The abort ended this rank's part: the device is free again, and the communicator is gone
+    // (a second call fails at once instead of waiting out another limit).
+    BOOST_CHECK_EQUAL(cudaDeviceSynchronize(), cudaSuccess);
+    const auto again = std::chrono::steady_clock::now();
+    BOOST_CHECK_THROW(comm.allreduce(view), cohort::error);
+    BOOST_CHECK(std::chrono::steady_clock::now() - again < std::chrono::seconds(1));
   }
-  comm.barrier();
+  world.barrier();
+  comm.abort(); // every rank: the last one's communicator has lost its peers too
 }
 
 BOOST_AUTO_TEST_CASE(finalize_twice_and_use_after_finalize) {
@@ -196,16 +208,16 @@ BOOST_AUTO_TEST_CASE(memory_of_another_device_is_refused_by_name) {
 
 int main(int argc, char* argv[]) {
   boost::mpi::environment env(argc, argv);
-  const boost::mpi::communicator world;
-  if (cohort::cuda::device_count() < world.size()) {
-    if (world.rank() == 0) {
-      std::printf("%d CUDA device(s) visible for %d ranks (one each needed): skipped\n",
-                  cohort::cuda::device_count(), world.size());
+  // One GPU per rank of each node; every rank takes the same decision.
+  auto topology = cohort::make_communicator<cohort::naive>();
+  const int fewest = topology.allreduce_obj(cohort::cuda::device_count() - topology.intra_size(),
+                                            [](int a, int b) { return a < b ? a : b; });
+  if (fewest < 0) {
+    if (topology.rank() == 0) {
+      std::printf("fewer CUDA devices than ranks on a node (one each needed): skipped\n");
     }
     return 77;
   }
-  // One GPU per rank: the rank's index on its node picks it.
-  auto topology = cohort::make_communicator<cohort::naive>();
   cohort::cuda::select_device(topology.intra_rank());
   return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
 }

@@ -21,6 +21,9 @@ public:
       : count_(values.size()) {
     cuda::check(cudaMalloc(&data_, bytes() == 0 ? 1 : bytes()), "cudaMalloc");
     cuda::check(cudaMemcpy(data_, values.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    // A copy from pageable memory may return before the transfer is done; kernels on other
+    // streams must not read the buffer before it is.
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   device_array(const device_array&) = delete;
   device_array& operator=(const device_array&) = delete;

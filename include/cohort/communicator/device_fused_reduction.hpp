@@ -16,6 +16,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <iterator>
 #include <span>
 #include <vector>
 
@@ -51,16 +53,19 @@ public:
       }
       const tensor_view packed{buffer_.reserve(count * size_of(plan.wire)), count, plan.wire,
                                memory_location::device};
-      kernels::device::pack(sources_, packed, plan.pre_scale, stream, pack_workspace_);
+      const auto index = static_cast<std::size_t>(type);
+      kernels::device::pack(sources_, packed, plan.pre_scale, stream, pack_workspaces_[index]);
       exchange(packed, plan.op);
-      kernels::device::unpack(packed, targets_, plan.post_scale, stream, unpack_workspace_);
+      kernels::device::unpack(packed, targets_, plan.post_scale, stream, unpack_workspaces_[index]);
     }
   }
 
 private:
   cuda::device_buffer buffer_;
-  kernels::device::batch_workspace pack_workspace_;
-  kernels::device::batch_workspace unpack_workspace_;
+  // One table per dtype and direction: the host never waits, in the middle of a step, for the
+  // copy of a table that the same step queued earlier.
+  std::array<kernels::device::batch_workspace, std::size(all_dtypes)> pack_workspaces_;
+  std::array<kernels::device::batch_workspace, std::size(all_dtypes)> unpack_workspaces_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
 };

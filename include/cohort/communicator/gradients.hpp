@@ -109,7 +109,8 @@ inline std::string slot_description(const grad_slot& slot) {
   case slot_state::ok:
     break;
   }
-  return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type);
+  return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type) + " in " +
+         std::string(to_string(slot.grad.location)) + " memory";
 }
 
 inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
@@ -120,7 +121,8 @@ inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
         .add(slot.value_count)
         .add(static_cast<std::uint64_t>(slot.state))
         .add(slot.grad.count)
-        .add(static_cast<std::uint64_t>(slot.grad.type));
+        .add(static_cast<std::uint64_t>(slot.grad.type))
+        .add(static_cast<std::uint64_t>(slot.grad.location));
   }
   return f.value();
 }

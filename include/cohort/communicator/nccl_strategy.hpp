@@ -59,10 +59,31 @@ public:
   //! Destroys the NCCL communicator (before the CUDA context goes). Idempotent; a later device
   //! collective throws.
   void finalize() {
+    finalized_ = true;
     if (nccl_) {
       nccl_->destroy();
     }
+  }
+
+  //! Ends the NCCL communicator at once (ncclCommAbort), abandoning its pending work: for a job
+  //! that gives up after an error or a timeout. A later device collective throws.
+  void abort() noexcept {
     finalized_ = true;
+    if (nccl_) {
+      nccl_->abort();
+    }
+  }
+
+  //! Creates the NCCL communicator on the current device (collective). The first device
+  //! collective does it otherwise; device send and recv need it done.
+  void connect() { (void)nccl_comm(); }
+
+  //! A communicator of the same strategy and options, GPU options included, over the ranks that
+  //! pass `color`. Collective.
+  Strategy split(int color, int key) const {
+    Strategy part = base::split(color, key);
+    static_cast<nccl_strategy&>(part).gpu_ = gpu_;
+    return part;
   }
   const gpu_options& gpu() const noexcept { return gpu_; }
 
@@ -155,6 +176,7 @@ public:
     }
     operation_scope scope("send");
     this->check_peer(dest, "send");
+    require_connected("send");
     const const_tensor_view v = device_const_view(t, "send");
     enqueue("send", [&](const nccl::communicator& c, cudaStream_t s) {
       nccl::send(c, v.data, v.count, v.type, dest, s);
@@ -170,6 +192,7 @@ public:
     }
     operation_scope scope("recv");
     this->check_peer(source, "recv");
+    require_connected("recv");
     const tensor_view v = device_view(t, "recv");
     enqueue("recv", [&](const nccl::communicator& c, cudaStream_t s) {
       nccl::recv(c, v.data, v.count, v.type, source, s);
@@ -291,9 +314,21 @@ private:
     }
   }
 
-  // The device a tensor's memory belongs to must be the NCCL communicator's.
+  // Point to point cannot create the communicator: that is collective over every rank.
+  void require_connected(std::string_view operation) const {
+    if (!nccl_ || !nccl_->valid()) {
+      throw error("cohort: device " + std::string(operation) + " on rank " +
+                  std::to_string(this->rank()) +
+                  ": the NCCL communicator does not exist yet; call connect() (or any device "
+                  "collective) on every rank first");
+    }
+  }
+
+  // The device a tensor's memory belongs to must be the NCCL communicator's (or, before it exists,
+  // the current one, where it will be created). Never creates it: that is collective, and this
+  // runs among a front door's local checks.
   void check_device(const void* data, std::string_view what) {
-    const int expected = nccl_comm().device();
+    const int expected = nccl_ ? nccl_->device() : cuda::current_device();
     const int actual = data == nullptr ? expected : cuda::device_of(data);
     if (actual != expected) {
       throw invalid_argument("cohort: " + std::string(what) + " on rank " +
@@ -317,12 +352,13 @@ private:
   }
 
   gpu_options gpu_;
-  std::optional<nccl::communicator> nccl_;
   bool finalized_ = false;
   device_streams streams_;
   device_fused_reduction fused_;
   cuda::device_buffer parameter_buffer_;
   kernels::device::batch_workspace parameter_workspace_;
+  // Declared last, destroyed first: the communicator's work ends before its buffers are freed.
+  std::optional<nccl::communicator> nccl_;
 };
 
 } // namespace detail

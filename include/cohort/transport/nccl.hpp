@@ -19,6 +19,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -113,13 +114,19 @@ public:
       throw invalid_argument("cohort: NCCL communicator on rank " + std::to_string(comm.rank()) +
                              ": no current CUDA device");
     }
-    ncclUniqueId id{};
+    // The root's id and whether it could make one travel together, so that a failure there is
+    // an error on every rank instead of ranks waiting for an id that never comes.
+    struct {
+      ncclResult_t made;
+      ncclUniqueId id;
+    } root{ncclSuccess, {}};
     if (comm.rank() == 0) {
-      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      root.made = ncclGetUniqueId(&root.id);
     }
-    mpi::check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, comm),
+    mpi::check(MPI_Bcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm),
                "MPI_Bcast (ncclUniqueId)", comm);
-    check(ncclCommInitRank(&handle_, comm.size(), id, comm.rank()), "ncclCommInitRank");
+    check(root.made, "ncclGetUniqueId (on rank 0)");
+    check(ncclCommInitRank(&handle_, comm.size(), root.id, comm.rank()), "ncclCommInitRank");
   }
 
   communicator(communicator&& other) noexcept
@@ -135,7 +142,15 @@ public:
   }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
-  ~communicator() { destroy_quietly(); }
+  // Unwinding from an error, the peers may never finish the work this rank issued: abort rather
+  // than finalize, which would wait for them.
+  ~communicator() {
+    if (std::uncaught_exceptions() > 0) {
+      abort();
+    } else {
+      destroy_quietly();
+    }
+  }
 
   //! The handle, for NCCL calls; throws if the communicator was destroyed or aborted.
   ncclComm_t get() const {
@@ -162,8 +177,9 @@ public:
   }
 
   //! Waits until the work recorded by `done` has finished, checking for asynchronous errors. Past
-  //! `limit` (if positive) the communicator is aborted, which also releases the peers stuck in the
-  //! same collective, and `timeout_error` names the operation.
+  //! `limit` (if positive) this rank's communicator is aborted, which ends its part of the
+  //! collective, and `timeout_error` names the operation. Each peer is released by its own
+  //! deadline in the same way (an abort here does not reach into the other processes).
   void wait(const cuda::event& done, std::chrono::milliseconds limit, std::string_view operation) {
     const auto start = std::chrono::steady_clock::now();
     while (!done.done()) {
@@ -193,9 +209,15 @@ public:
       return;
     }
     const cuda::device_guard on(device_);
-    ncclComm_t handle = std::exchange(handle_, nullptr);
-    check(ncclCommFinalize(handle), "ncclCommFinalize", handle);
-    check(ncclCommDestroy(handle), "ncclCommDestroy");
+    const ncclResult_t finalized = ncclCommFinalize(handle_);
+    if (finalized != ncclSuccess) {
+      const std::string message = ncclGetLastError(handle_);
+      abort(); // a communicator that cannot be finalized is still freed
+      throw engine_error("NCCL", "ncclCommFinalize", mpi::world_rank(), static_cast<int>(finalized),
+                         std::string(ncclGetErrorString(finalized)) + "; " + message +
+                             " (communicator aborted)");
+    }
+    check(ncclCommDestroy(std::exchange(handle_, nullptr)), "ncclCommDestroy");
   }
 
 private:
