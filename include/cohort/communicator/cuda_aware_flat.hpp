@@ -76,6 +76,15 @@ private:
   void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
     const cudaStream_t s = streams_.begin();
     fused_.run(slots, reducer, size(), s, [&](tensor_view packed, reduce_op op) {
+      // The MPI ops of fp16 and bf16 are host functions: on device memory only an MPI that
+      // stages through the host could run them. Every rank has the same plan, so every rank
+      // refuses alike.
+      if (packed.type == dtype::float16 || packed.type == dtype::bfloat16) {
+        throw invalid_argument("cohort: cuda_aware_flat on rank " + std::to_string(rank()) +
+                               ": a " + std::string(to_string(packed.type)) +
+                               " wire needs MPI's user-defined ops on device memory; use "
+                               "pure_nccl or host_staged for 16-bit gradients or compression");
+      }
       // MPI does not order itself on CUDA streams: the pack must be done before it reads.
       cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
       mpi::allreduce(mpi_comm(), packed, op);

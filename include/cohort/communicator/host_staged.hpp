@@ -93,7 +93,7 @@ private:
     const cudaStream_t s = streams_.begin();
     fused_.run(slots, reducer, size(), s, [&](tensor_view packed, reduce_op op) {
       // The host must wait for the pack before MPI reads the copy: one synchronisation per dtype.
-      void* host = pinned_.reserve(packed.size_bytes());
+      void* host = grow_pinned(packed.size_bytes(), s);
       cuda::check(
           cudaMemcpyAsync(host, packed.data, packed.size_bytes(), cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync (device to host)");
@@ -110,7 +110,7 @@ private:
   template <class F>
   void staged(tensor_view device, bool copy_in, F&& f) {
     const cudaStream_t s = streams_.begin();
-    void* host = pinned_.reserve(device.size_bytes());
+    void* host = grow_pinned(device.size_bytes(), s);
     if (copy_in) {
       cuda::check(
           cudaMemcpyAsync(host, device.data, device.size_bytes(), cudaMemcpyDeviceToHost, s),
@@ -121,6 +121,14 @@ private:
     cuda::check(cudaMemcpyAsync(device.data, host, device.size_bytes(), cudaMemcpyHostToDevice, s),
                 "cudaMemcpyAsync (host to device)");
     streams_.end();
+  }
+
+  // The pinned buffer, grown only once the copies queued from it are done.
+  void* grow_pinned(std::size_t bytes, cudaStream_t s) {
+    if (pinned_.size() < bytes) {
+      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    }
+    return pinned_.reserve(bytes);
   }
 
   detail::device_streams streams_;
