@@ -386,6 +386,16 @@ protected:
     require_host(location, operation);
   }
 
+  //! For the strategies that reduce GPU memory: refuses host memory, naming the way out.
+  void require_device(memory_location location, std::string_view operation) const {
+    if (location == memory_location::host) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) +
+                             ": this strategy reduces GPU memory, and the tensor is in host "
+                             "memory (use flat for host memory)");
+    }
+  }
+
   void require_host(memory_location location, std::string_view operation) const {
     if (location == memory_location::device) {
       throw invalid_argument("cohort: " + std::string(operation) + " on rank " +

@@ -267,12 +267,7 @@ protected:
   friend base;
 
   void check_gradient_location(memory_location location, std::string_view operation) const {
-    if (location == memory_location::host) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(this->rank()) +
-                             ": this strategy reduces GPU memory, and the gradient is in host "
-                             "memory (use flat for host memory)");
-    }
+    this->require_device(location, operation);
   }
 
   template <reducer Reducer>
