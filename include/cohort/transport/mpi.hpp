@@ -68,6 +68,13 @@ inline void check(int code, std::string_view operation, MPI_Comm comm) {
                      std::string(message, static_cast<std::size_t>(length)));
 }
 
+//! The number of ranks of `comm`.
+inline int comm_size(MPI_Comm comm) {
+  int size = 0;
+  check(MPI_Comm_size(comm, &size), "MPI_Comm_size", comm);
+  return size;
+}
+
 //! Runs a Boost.MPI call and turns its `boost::mpi::exception` into an `engine_error`.
 //! A Boost.Serialization failure (an archive that cannot be read) becomes a `cohort::error` too.
 template <class F>

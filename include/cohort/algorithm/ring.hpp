@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Collectives written on point-to-point messages, independent of the engine's own collectives:
+// the ring reduce-scatter, the ring all-gather, and the ring all-reduce made of the two. Each
+// step's block travels in chunks that are all posted at once, and each chunk is reduced as soon
+// as it arrives, so that the reduction of one chunk overlaps the transfer of the next. They work
+// on type-erased views (any dtype, any rank count, counts not divisible by it, zero elements).
+//
+// The data is split into `size` blocks, block b being elements [b*n/size, (b+1)*n/size): the
+// reduce-scatter leaves rank r with block r reduced over all ranks; the all-gather spreads every
+// rank's block r to all. Cost (docs/algorithms.md): 2(n-1) steps, 2(n-1)/n of the data sent and
+// received per rank, the same as the bandwidth-optimal bound.
+
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/kernels/host.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace algorithm {
+
+//! Tuning of the ring collectives.
+struct ring_options {
+  //! The size of the chunks a block travels in: small enough to pipeline, large enough for the
+  //! link. Tests set it to a few bytes to force many chunks on tiny inputs.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  //! The tag of the ring's messages on the communicator (give the ring a communicator of its own,
+  //! or a tag nothing else uses).
+  int tag = 0x7269;
+};
+
+//! What a ring reuses from call to call (the incoming block's buffer, the lists of pending
+//! messages), so that a call allocates nothing once the first has sized them.
+class ring_workspace {
+public:
+  std::byte* reserve(std::size_t bytes) {
+    if (buffer_.size() < bytes) {
+      buffer_.resize(bytes);
+    }
+    return buffer_.data();
+  }
+  std::vector<mpi::request>& receives() noexcept { return receives_; }
+  std::vector<mpi::request>& sends() noexcept { return sends_; }
+
+private:
+  std::vector<std::byte> buffer_;
+  std::vector<mpi::request> receives_;
+  std::vector<mpi::request> sends_;
+};
+
+namespace detail {
+struct block {
+  std::size_t begin;
+  std::size_t count;
+};
+
+inline block block_of(std::size_t n, int ranks, int b) {
+  const auto size = static_cast<std::size_t>(ranks);
+  const auto i = static_cast<std::size_t>(b);
+  // n * i / size without overflow for large n.
+  const auto start = [&](std::size_t k) { return (n / size) * k + (n % size) * k / size; };
+  return {start(i), start(i + 1) - start(i)};
+}
+
+inline tensor_view part(tensor_view data, block b) {
+  return {static_cast<std::byte*>(data.data) + b.begin * size_of(data.type), b.count, data.type,
+          data.location};
+}
+
+inline int wrap(int value, int ranks) {
+  return ((value % ranks) + ranks) % ranks;
+}
+
+// One ring step: `outgoing` goes to the next rank while `incoming_count` elements come from the
+// previous one, chunk by chunk; `arrived(chunk view, element offset)` runs on each incoming chunk
+// as soon as it is in.
+template <class Arrived>
+void ring_step(MPI_Comm comm, const_tensor_view outgoing, tensor_view staging, int next,
+               int previous, const ring_options& options, ring_workspace& workspace,
+               Arrived&& arrived) {
+  const std::size_t element = size_of(staging.type);
+  const std::size_t chunk = std::max<std::size_t>(1, options.chunk_bytes / element);
+  auto& receives = workspace.receives();
+  auto& sends = workspace.sends();
+  receives.clear();
+  sends.clear();
+  for (std::size_t begin = 0; begin < staging.count; begin += chunk) {
+    const std::size_t n = std::min(chunk, staging.count - begin);
+    receives.push_back(mpi::irecv(comm,
+                                  {static_cast<std::byte*>(staging.data) + begin * element, n,
+                                   staging.type, staging.location},
+                                  previous, options.tag));
+  }
+  for (std::size_t begin = 0; begin < outgoing.count; begin += chunk) {
+    const std::size_t n = std::min(chunk, outgoing.count - begin);
+    sends.push_back(mpi::isend(comm,
+                               {static_cast<const std::byte*>(outgoing.data) + begin * element, n,
+                                outgoing.type, outgoing.location},
+                               next, options.tag));
+  }
+  std::size_t begin = 0;
+  for (auto& r : receives) {
+    r.wait();
+    const std::size_t n = std::min(chunk, staging.count - begin);
+    arrived(const_tensor_view{static_cast<std::byte*>(staging.data) + begin * element, n,
+                              staging.type, staging.location},
+            begin);
+    begin += n;
+  }
+  for (auto& s : sends) {
+    s.wait();
+  }
+  receives.clear();
+  sends.clear();
+}
+} // namespace detail
+
+//! Ring reduce-scatter in place: afterwards block `rank` of `data` holds the reduction of every
+//! rank's block `rank` (the other blocks hold partial results). Collective over `comm`; every
+//! rank passes the same count and dtype.
+inline void ring_reduce_scatter(MPI_Comm comm, tensor_view data, reduce_op op,
+                                const ring_options& options, ring_workspace& workspace) {
+  const int ranks = mpi::comm_size(comm);
+  const int rank = mpi::rank_of(comm);
+  if (ranks == 1) {
+    return;
+  }
+  const int next = (rank + 1) % ranks;
+  const int previous = (rank + ranks - 1) % ranks;
+  const std::size_t largest = detail::block_of(data.count, ranks, ranks - 1).count + 1;
+  std::byte* staging = workspace.reserve(largest * size_of(data.type));
+  // Step s sends block rank-1-s and reduces the arriving block rank-2-s into its own copy: after
+  // ranks-1 steps, the last block reduced is block rank, holding every rank's contribution.
+  for (int s = 0; s < ranks - 1; ++s) {
+    const auto send_block = detail::block_of(data.count, ranks, detail::wrap(rank - 1 - s, ranks));
+    const auto recv_block = detail::block_of(data.count, ranks, detail::wrap(rank - 2 - s, ranks));
+    const tensor_view target = detail::part(data, recv_block);
+    detail::ring_step(
+        comm, detail::part(data, send_block),
+        {staging, recv_block.count, data.type, memory_location::host}, next, previous, options,
+        workspace, [&](const_tensor_view chunk, std::size_t offset) {
+          kernels::host::reduce(detail::part(target, {offset, chunk.count}), chunk, op);
+        });
+  }
+}
+
+//! Ring all-gather in place: every rank's block `rank` of `data` goes to all ranks. Collective.
+inline void ring_allgather(MPI_Comm comm, tensor_view data, const ring_options& options,
+                           ring_workspace& workspace) {
+  const int ranks = mpi::comm_size(comm);
+  const int rank = mpi::rank_of(comm);
+  if (ranks == 1) {
+    return;
+  }
+  const int next = (rank + 1) % ranks;
+  const int previous = (rank + ranks - 1) % ranks;
+  // Step s forwards block rank-s and receives block rank-1-s straight into place.
+  for (int s = 0; s < ranks - 1; ++s) {
+    const auto send_block = detail::block_of(data.count, ranks, detail::wrap(rank - s, ranks));
+    const auto recv_block = detail::block_of(data.count, ranks, detail::wrap(rank - 1 - s, ranks));
+    detail::ring_step(comm, detail::part(data, send_block), detail::part(data, recv_block), next,
+                      previous, options, workspace, [](const_tensor_view, std::size_t) {});
+  }
+}
+
+//! Ring all-reduce in place: reduce-scatter, then all-gather. Collective.
+inline void ring_allreduce(MPI_Comm comm, tensor_view data, reduce_op op,
+                           const ring_options& options, ring_workspace& workspace) {
+  ring_reduce_scatter(comm, data, op, options, workspace);
+  ring_allgather(comm, data, options, workspace);
+}
+
+//! The elements of block `rank` among `count` split over `ranks` ranks.
+inline std::pair<std::size_t, std::size_t> ring_block(std::size_t count, int ranks, int rank) {
+  const auto b = detail::block_of(count, ranks, rank);
+  return {b.begin, b.count};
+}
+
+} // namespace algorithm
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
