@@ -17,6 +17,7 @@
 // Before it is timed, each method reduces known values once and the result is checked on every
 // rank: a benchmark that measures a wrong answer measures nothing.
 
+#include <cohort/algorithm/ring.hpp>
 #include <cohort/cohort.hpp>
 
 #include "method.hpp"
@@ -292,7 +293,7 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
       "ones reduced in place)\n",
       s.fusion_threshold, s.fusion_bytes);
   std::printf("# raw: one MPI_Allreduce(MPI_IN_PLACE) over one contiguous buffer of the same "
-              "bytes\n");
+              "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks) on it\n");
   std::printf("# agreement check: on for naive and flat%s\n",
               s.unchecked_rows ? "; off for naive/nocheck and flat/nocheck" : "");
   std::printf("%s\n", gpu_line.c_str());
@@ -337,6 +338,8 @@ int run(int argc, char** argv) {
   // The raw calls go to a communicator of the same kind as cohort's (a duplicate of world), so
   // that MPI picks its algorithm under the same conditions; the bookkeeping stays on world.
   const MPI_Comm raw_comm = naive.mpi_comm();
+  const MPI_Comm ring_comm = flat.mpi_comm();
+  cohort::algorithm::ring_workspace ring_workspace;
   const MPI_Comm bookkeeping = world;
 
   // GPU rows where this binary was built with them and every rank has a GPU of its own.
@@ -377,6 +380,16 @@ int run(int argc, char** argv) {
                                             "MPI_Allreduce (raw)", raw_comm);
                        },
                        fill_raw, check_raw});
+    // The ring of algorithm/ring.hpp on the same contiguous buffer, on a communicator of its own.
+    methods.push_back(
+        {"ring",
+         [&] {
+           cohort::algorithm::ring_allreduce(
+               ring_comm,
+               {contiguous.data(), elements, cohort::dtype::float32, cohort::memory_location::host},
+               cohort::reduce_op::sum, {}, ring_workspace);
+         },
+         fill_raw, check_raw});
     methods.push_back({"naive", [&] { naive.allreduce_grad(grads.params, cohort::sum{}); },
                        fill_grads, check_grads});
     if (s.unchecked_rows) {
