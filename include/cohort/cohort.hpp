@@ -7,10 +7,13 @@
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
+#include <cohort/communicator/hierarchical.hpp>
+#include <cohort/communicator/links.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/naive.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>
+#include <cohort/communicator/two_dimensional.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/functors.hpp>

@@ -100,6 +100,30 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sum_and_mean_of_every_dtype, Strategy, reducing_st
   check_every_dtype(comm, cohort::mean{}, true);
 }
 
+// The two-level strategies on simulated nodes of every size (1 rank per node up to all ranks on
+// one), with tiny fusion buffers too, against the closed forms.
+using two_level_strategies = std::tuple<cohort::hierarchical<>, cohort::two_dimensional<>>;
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(two_level_strategies_on_simulated_nodes, Strategy,
+                              two_level_strategies) {
+  const int n = boost::mpi::communicator().size();
+  for (int per_node = 1; per_node <= n; ++per_node) {
+    const cohort::communicator_options options{.simulated_ranks_per_node = per_node};
+    if (std::is_same_v<Strategy, cohort::two_dimensional<>> && n % per_node != 0) {
+      // Nodes of different sizes: refused on every rank, naming the sizes.
+      BOOST_CHECK_EXCEPTION(cohort::make_communicator<Strategy>(options), cohort::invalid_argument,
+                            message_has({"two_dimensional", "same number on every node"}));
+      continue;
+    }
+    auto comm = cohort::make_communicator<Strategy>(options);
+    check_every_dtype(comm, cohort::sum{}, false);
+    check_every_dtype(comm, cohort::mean{}, true);
+    auto tiny = cohort::make_communicator<Strategy>(
+        {.simulated_ranks_per_node = per_node, .fusion_buffer_bytes = 64});
+    check_every_dtype(tiny, cohort::mean{}, true);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(tiny_fusion_buffers_split_and_bypass_tensors) {
   // 64 bytes: 16 float32 or 32 float16 per chunk. Tensors of 1 or 3 elements share chunks, and
   // every tensor of 64 bytes or more (a whole buffer) is reduced in place.

@@ -280,6 +280,8 @@ BOOST_AUTO_TEST_CASE(communicator_concept_and_mpi_requirement) {
   static_assert(cohort::communicator<cohort::naive>);
   static_assert(cohort::communicator<cohort::flat>);
   static_assert(cohort::communicator<cohort::dummy>);
+  static_assert(cohort::communicator<cohort::hierarchical<>>);
+  static_assert(cohort::communicator<cohort::two_dimensional<>>);
   static_assert(!cohort::communicator<int>);
   auto comm = cohort::make_communicator<cohort::flat>(boost::mpi::communicator());
   BOOST_TEST(comm.size() == boost::mpi::communicator().size());

@@ -351,6 +351,19 @@ inline request ibroadcast(MPI_Comm comm, tensor_view data, int root) {
   return pending;
 }
 
+//! In-place reduction of every rank's `data` into `root`'s (the others' `data` is left as it was).
+inline void reduce(MPI_Comm comm, tensor_view data, reduce_op operation, int root) {
+  const MPI_Datatype type = datatype(data.type);
+  const MPI_Op reduction = op(operation, data.type);
+  const bool at_root = rank_of(comm) == root;
+  detail::for_each_chunk(data.count, size_of(data.type), [&](std::size_t offset, int n) {
+    void* buffer = detail::bytes(data.data, offset);
+    check(MPI_Reduce(at_root ? MPI_IN_PLACE : buffer, at_root ? buffer : nullptr, n, type,
+                     reduction, root, comm),
+          "MPI_Reduce", comm);
+  });
+}
+
 //! All-gather: `out` holds `in.count * size` elements, rank r's block at `r * in.count`.
 inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
   const MPI_Datatype type = datatype(in.type);

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cohort/config.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <concepts>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! The links a two-level strategy uses inside a node (Intra) or between nodes (Inter): how a
+//! buffer is reduced to a root, broadcast, and all-reduced over the ranks of one of its
+//! communicators. A policy is a type with these static functions.
+template <class L>
+concept links = requires(MPI_Comm comm, tensor_view data, reduce_op op, int root) {
+  L::reduce(comm, data, op, root);
+  L::broadcast(comm, data, root);
+  L::allreduce(comm, data, op);
+};
+
+//! MPI on host memory.
+struct mpi_links {
+  static void reduce(MPI_Comm comm, tensor_view data, reduce_op op, int root) {
+    mpi::reduce(comm, data, op, root);
+  }
+  static void broadcast(MPI_Comm comm, tensor_view data, int root) {
+    mpi::broadcast(comm, data, root);
+  }
+  static void allreduce(MPI_Comm comm, tensor_view data, reduce_op op) {
+    mpi::allreduce(comm, data, op);
+  }
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
