@@ -79,17 +79,16 @@ class CohortConan(ConanFile):
         base.builddirs = ["."]
         base.bindirs = []
         base.libdirs = []
-        if self.options.with_cuda:
-            cuda = self.cpp_info.components["cuda"]
-            cuda.set_property("cmake_target_name", "cohort::cuda")
-            cuda.requires = ["cohort"]
-            cuda.system_libs = ["cudart"]
-            cuda.bindirs = []
-            cuda.libdirs = []
-        if self.options.with_nccl:
-            nccl = self.cpp_info.components["nccl"]
-            nccl.set_property("cmake_target_name", "cohort::nccl")
-            nccl.requires = ["cuda"]
-            nccl.system_libs = ["nccl"]
-            nccl.bindirs = []
-            nccl.libdirs = []
+        # The GPU components: name, wanted, what it builds on, the system library it links.
+        for name, wanted, builds_on, library in (
+            ("cuda", self.options.with_cuda, "cohort", "cudart"),
+            ("nccl", self.options.with_nccl, "cuda", "nccl"),
+        ):
+            if not wanted:
+                continue
+            component = self.cpp_info.components[name]
+            component.set_property("cmake_target_name", f"cohort::{name}")
+            component.requires = [builds_on]
+            component.system_libs = [library]
+            component.bindirs = []
+            component.libdirs = []

@@ -27,3 +27,12 @@ function(cohort_add_mpi_test)
     PROCESSORS 2
     ENVIRONMENT "${COHORT_MPI_TEST_ENVIRONMENT};${T_ENVIRONMENT}")
 endfunction()
+
+# cohort_add_skipped_test(name reason LABELS ...): where a test cannot run on this machine, a test
+# that says why and that ctest reports as skipped, never a silent pass.
+function(cohort_add_skipped_test name reason)
+  cmake_parse_arguments(S "" "" "LABELS" ${ARGN})
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -E echo "${reason}: skipped")
+  set_tests_properties(${name} PROPERTIES LABELS "${S_LABELS}"
+                       SKIP_REGULAR_EXPRESSION ": skipped")
+endfunction()

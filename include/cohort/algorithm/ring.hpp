@@ -81,12 +81,31 @@ inline int wrap(int value, int ranks) {
   return ((value % ranks) + ranks) % ranks;
 }
 
+// This rank's place on the ring of `comm`.
+struct ring_position {
+  int rank;
+  int ranks;
+  int next;
+  int previous;
+
+  explicit ring_position(MPI_Comm comm)
+      : rank(mpi::rank_of(comm))
+      , ranks(mpi::comm_size(comm))
+      , next((rank + 1) % ranks)
+      , previous((rank + ranks - 1) % ranks) {}
+
+  // The block `offset` places before this rank's, among `count` elements.
+  block before(std::size_t count, int offset) const {
+    return block_of(count, ranks, wrap(rank - offset, ranks));
+  }
+};
+
 // One ring step: `outgoing` goes to the next rank while `incoming_count` elements come from the
 // previous one, chunk by chunk; `arrived(chunk view, element offset)` runs on each incoming chunk
 // as soon as it is in.
 template <class Arrived>
-void ring_step(MPI_Comm comm, const_tensor_view outgoing, tensor_view staging, int next,
-               int previous, const ring_options& options, ring_workspace& workspace,
+void ring_step(MPI_Comm comm, const ring_position& ring, const_tensor_view outgoing,
+               tensor_view staging, const ring_options& options, ring_workspace& workspace,
                Arrived&& arrived) {
   const std::size_t element = size_of(staging.type);
   const std::size_t chunk = std::max<std::size_t>(1, options.chunk_bytes / element);
@@ -99,14 +118,14 @@ void ring_step(MPI_Comm comm, const_tensor_view outgoing, tensor_view staging, i
     receives.push_back(mpi::irecv(comm,
                                   {static_cast<std::byte*>(staging.data) + begin * element, n,
                                    staging.type, staging.location},
-                                  previous, options.tag));
+                                  ring.previous, options.tag));
   }
   for (std::size_t begin = 0; begin < outgoing.count; begin += chunk) {
     const std::size_t n = std::min(chunk, outgoing.count - begin);
     sends.push_back(mpi::isend(comm,
                                {static_cast<const std::byte*>(outgoing.data) + begin * element, n,
                                 outgoing.type, outgoing.location},
-                               next, options.tag));
+                               ring.next, options.tag));
   }
   std::size_t begin = 0;
   for (auto& r : receives) {
@@ -130,25 +149,21 @@ void ring_step(MPI_Comm comm, const_tensor_view outgoing, tensor_view staging, i
 //! rank passes the same count and dtype.
 inline void ring_reduce_scatter(MPI_Comm comm, tensor_view data, reduce_op op,
                                 const ring_options& options, ring_workspace& workspace) {
-  const int ranks = mpi::comm_size(comm);
-  const int rank = mpi::rank_of(comm);
-  if (ranks == 1) {
+  const detail::ring_position ring(comm);
+  if (ring.ranks == 1) {
     return;
   }
-  const int next = (rank + 1) % ranks;
-  const int previous = (rank + ranks - 1) % ranks;
-  const std::size_t largest = detail::block_of(data.count, ranks, ranks - 1).count + 1;
-  std::byte* staging = workspace.reserve(largest * size_of(data.type));
+  const auto ranks = static_cast<std::size_t>(ring.ranks);
+  std::byte* staging = workspace.reserve((data.count + ranks - 1) / ranks * size_of(data.type));
   // Step s sends block rank-1-s and reduces the arriving block rank-2-s into its own copy: after
   // ranks-1 steps, the last block reduced is block rank, holding every rank's contribution.
-  for (int s = 0; s < ranks - 1; ++s) {
-    const auto send_block = detail::block_of(data.count, ranks, detail::wrap(rank - 1 - s, ranks));
-    const auto recv_block = detail::block_of(data.count, ranks, detail::wrap(rank - 2 - s, ranks));
+  for (int s = 0; s < ring.ranks - 1; ++s) {
+    const auto recv_block = ring.before(data.count, 2 + s);
     const tensor_view target = detail::part(data, recv_block);
     detail::ring_step(
-        comm, detail::part(data, send_block),
-        {staging, recv_block.count, data.type, memory_location::host}, next, previous, options,
-        workspace, [&](const_tensor_view chunk, std::size_t offset) {
+        comm, ring, detail::part(data, ring.before(data.count, 1 + s)),
+        {staging, recv_block.count, data.type, memory_location::host}, options, workspace,
+        [&](const_tensor_view chunk, std::size_t offset) {
           kernels::host::reduce(detail::part(target, {offset, chunk.count}), chunk, op);
         });
   }
@@ -157,19 +172,12 @@ inline void ring_reduce_scatter(MPI_Comm comm, tensor_view data, reduce_op op,
 //! Ring all-gather in place: every rank's block `rank` of `data` goes to all ranks. Collective.
 inline void ring_allgather(MPI_Comm comm, tensor_view data, const ring_options& options,
                            ring_workspace& workspace) {
-  const int ranks = mpi::comm_size(comm);
-  const int rank = mpi::rank_of(comm);
-  if (ranks == 1) {
-    return;
-  }
-  const int next = (rank + 1) % ranks;
-  const int previous = (rank + ranks - 1) % ranks;
+  const detail::ring_position ring(comm);
   // Step s forwards block rank-s and receives block rank-1-s straight into place.
-  for (int s = 0; s < ranks - 1; ++s) {
-    const auto send_block = detail::block_of(data.count, ranks, detail::wrap(rank - s, ranks));
-    const auto recv_block = detail::block_of(data.count, ranks, detail::wrap(rank - 1 - s, ranks));
-    detail::ring_step(comm, detail::part(data, send_block), detail::part(data, recv_block), next,
-                      previous, options, workspace, [](const_tensor_view, std::size_t) {});
+  for (int s = 0; s < ring.ranks - 1; ++s) {
+    detail::ring_step(comm, ring, detail::part(data, ring.before(data.count, s)),
+                      detail::part(data, ring.before(data.count, 1 + s)), options, workspace,
+                      [](const_tensor_view, std::size_t) {});
   }
 }
 

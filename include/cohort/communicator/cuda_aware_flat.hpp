@@ -57,15 +57,13 @@ public:
     }
   }
 
+  static constexpr bool reduces_gpu_memory = true;
+
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
 
 private:
   friend base;
-
-  void check_gradient_location(memory_location location, std::string_view operation) const {
-    this->require_device(location, operation);
-  }
 
   template <reducer Reducer>
   void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {

@@ -40,6 +40,8 @@ public:
   explicit host_staged(const boost::mpi::communicator& comm, communicator_options options = {})
       : base(comm, options) {}
 
+  static constexpr bool reduces_gpu_memory = true;
+
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
 
@@ -78,10 +80,6 @@ public:
 
 private:
   friend base;
-
-  void check_gradient_location(memory_location location, std::string_view operation) const {
-    this->require_device(location, operation);
-  }
 
   template <reducer Reducer>
   void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {

@@ -373,17 +373,21 @@ public:
     detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
                                options.missing);
     for (const auto& slot : slots_) {
-      static_cast<const Strategy&>(*this).check_gradient_location(slot.grad.location,
-                                                                  "allreduce_grad");
+      check_gradient_location(slot.grad.location);
     }
     static_cast<Strategy&>(*this).reduce_gradients(std::span<const detail::grad_slot>(slots_),
                                                    reducer);
   }
 
 protected:
-  //! Where this strategy's gradients may live; a strategy for device memory hides this.
-  void check_gradient_location(memory_location location, std::string_view operation) const {
-    require_host(location, operation);
+  //! Where this strategy's gradients may live: host memory, unless the strategy declares
+  //! `static constexpr bool reduces_gpu_memory = true`.
+  void check_gradient_location(memory_location location) const {
+    if constexpr (requires { requires Strategy::reduces_gpu_memory; }) {
+      require_device(location, "allreduce_grad");
+    } else {
+      require_host(location, "allreduce_grad");
+    }
   }
 
   //! For the strategies that reduce GPU memory: refuses host memory, naming the way out.

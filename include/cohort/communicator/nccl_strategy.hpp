@@ -51,6 +51,8 @@ public:
       : base(comm, options)
       , gpu_(gpu) {}
 
+  static constexpr bool reduces_gpu_memory = true;
+
   //! The stream the trainer queues its work on (the legacy default stream unless set): cohort's
   //! work starts after what is queued there, and what is queued there next starts after it.
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
@@ -265,10 +267,6 @@ public:
 
 protected:
   friend base;
-
-  void check_gradient_location(memory_location location, std::string_view operation) const {
-    this->require_device(location, operation);
-  }
 
   template <reducer Reducer>
   void reduce_gradients(std::span<const grad_slot> slots, const Reducer& reducer) {

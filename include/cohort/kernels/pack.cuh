@@ -92,21 +92,33 @@ inline void require_device(memory_location location, const char* operation) {
                            " on the device was given a tensor in host memory");
   }
 }
+
+// What pack and unpack do before their launch: every tensor on the device, the table uploaded,
+// a buffer large enough for the batch.
+template <class View>
+std::pair<const batch_entry*, std::uint64_t>
+prepare(std::span<const View> tensors, memory_location buffer_location, std::size_t buffer_count,
+        cudaStream_t stream, batch_workspace& workspace, const char* operation) {
+  require_device(buffer_location, operation);
+  for (const auto& t : tensors) {
+    require_device(t.location, operation);
+  }
+  const auto uploaded = workspace.upload(tensors, stream);
+  if (uploaded.second > buffer_count) {
+    throw invalid_argument(std::string("cohort: ") + operation + " needs a buffer of " +
+                           std::to_string(uploaded.second) + " elements but has " +
+                           std::to_string(buffer_count));
+  }
+  return uploaded;
+}
 } // namespace detail
 
 //! Packs `sources` one after the other into `buffer` (cast to its dtype, times `factor`), in one
 //! launch on `stream`.
 inline void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor,
                  cudaStream_t stream, batch_workspace& workspace) {
-  detail::require_device(buffer.location, "pack");
-  for (const auto& s : sources) {
-    detail::require_device(s.location, "pack");
-  }
-  const auto [entries, total] = workspace.upload(sources, stream);
-  if (total > buffer.count) {
-    throw invalid_argument("cohort: pack needs a buffer of " + std::to_string(total) +
-                           " elements but has " + std::to_string(buffer.count));
-  }
+  const auto [entries, total] =
+      detail::prepare(sources, buffer.location, buffer.count, stream, workspace, "pack");
   if (total == 0) {
     return;
   }
@@ -120,15 +132,8 @@ inline void pack(std::span<const const_tensor_view> sources, tensor_view buffer,
 //! The inverse of `pack`, in one launch on `stream`.
 inline void unpack(const_tensor_view buffer, std::span<const tensor_view> targets, double factor,
                    cudaStream_t stream, batch_workspace& workspace) {
-  detail::require_device(buffer.location, "unpack");
-  for (const auto& t : targets) {
-    detail::require_device(t.location, "unpack");
-  }
-  const auto [entries, total] = workspace.upload(targets, stream);
-  if (total > buffer.count) {
-    throw invalid_argument("cohort: unpack needs a buffer of " + std::to_string(total) +
-                           " elements but has " + std::to_string(buffer.count));
-  }
+  const auto [entries, total] =
+      detail::prepare(targets, buffer.location, buffer.count, stream, workspace, "unpack");
   if (total == 0) {
     return;
   }
