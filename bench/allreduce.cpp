@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,7 +55,7 @@ struct settings {
   std::size_t min_bytes = 4 * kib;
   std::size_t max_bytes = 256 * mib;
   std::size_t tensor_bytes = 1 * mib;
-  std::size_t fusion_bytes = cohort::communicator_options{}.fusion_buffer_bytes;
+  std::size_t bucket_bytes = cohort::communicator_options{}.bucket_bytes;
   std::size_t fusion_threshold = cohort::communicator_options{}.fusion_threshold_bytes;
   // Small sizes are cheap, and on a shared or oversubscribed machine their times are bimodal
   // (a rank descheduled or not), so their median needs more than a handful of samples. From
@@ -73,7 +74,7 @@ constexpr const char* usage =
     "  --min-bytes B     smallest size, in bytes (suffix K, M or G: powers of 1024; default 4K)\n"
     "  --max-bytes B     largest size (default 256M); sizes double from min to max\n"
     "  --tensor-bytes B  largest tensor of the gradient set (default 1M)\n"
-    "  --fusion-bytes B  flat's fusion buffer (default: cohort's, 4M)\n"
+    "  --bucket-bytes B  the bucket size of flat, hierarchical, two_dimensional (default 4M)\n"
     "  --fusion-threshold B  flat reduces tensors of B bytes or more in place (default 64K)\n"
     "  --iters N         timed repetitions per size, median reported (default 20)\n"
     "  --large-iters N   timed repetitions from --large-bytes up (default 10, at most --iters)\n"
@@ -146,8 +147,8 @@ settings parse(int argc, char** argv) {
       s.max_bytes = parse_bytes(flag, value());
     } else if (flag == "--tensor-bytes") {
       s.tensor_bytes = parse_bytes(flag, value());
-    } else if (flag == "--fusion-bytes") {
-      s.fusion_bytes = parse_bytes(flag, value());
+    } else if (flag == "--bucket-bytes") {
+      s.bucket_bytes = parse_bytes(flag, value());
     } else if (flag == "--fusion-threshold") {
       s.fusion_threshold = parse_bytes(flag, value());
     } else if (flag == "--iters") {
@@ -288,10 +289,12 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
               "most %zu bytes each\n",
               s.tensor_bytes);
   std::printf(
-      "#   (naive: one MPI_Allreduce per tensor; flat: tensors under %zu bytes packed into a "
-      "fusion buffer of %zu bytes, one MPI_Allreduce per full buffer, unpacked; larger "
-      "ones reduced in place)\n",
-      s.fusion_threshold, s.fusion_bytes);
+      "#   (naive: one MPI_Allreduce per tensor; flat: tensors under %zu bytes packed into "
+      "buckets of %zu bytes, one MPI_Allreduce per bucket, unpacked; larger ones reduced in "
+      "place)\n",
+      s.fusion_threshold, s.bucket_bytes);
+  std::printf("# hierarchical, two_dimensional: the same buckets, reduced in two levels over the "
+              "nodes above (set COHORT_RANKS_PER_NODE to simulate several nodes on one machine)\n");
   std::printf("# raw: one MPI_Allreduce(MPI_IN_PLACE) over one contiguous buffer of the same "
               "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks) on it\n");
   std::printf("# agreement check: on for naive and flat%s\n",
@@ -300,7 +303,7 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
   std::printf("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (0 at one rank), as in "
               "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time (gpu rows: / gpu raw nccl)\n");
   std::printf("#\n");
-  std::printf("# %11s %11s %8s %14s %12s %12s %12s %7s\n", "bytes", "elements", "tensors", "method",
+  std::printf("# %11s %11s %8s %15s %12s %12s %12s %7s\n", "bytes", "elements", "tensors", "method",
               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs raw");
   std::fflush(stdout);
 }
@@ -326,13 +329,20 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  const cohort::communicator_options checked{.fusion_buffer_bytes = s.fusion_bytes,
+  const cohort::communicator_options checked{.bucket_bytes = s.bucket_bytes,
                                              .fusion_threshold_bytes = s.fusion_threshold};
   const cohort::communicator_options unchecked{.check_agreement = false,
-                                               .fusion_buffer_bytes = s.fusion_bytes,
+                                               .bucket_bytes = s.bucket_bytes,
                                                .fusion_threshold_bytes = s.fusion_threshold};
   cohort::naive naive(world, checked);
   cohort::flat flat(world, checked);
+  cohort::hierarchical<> hierarchical(world, checked);
+  // two_dimensional needs nodes of one size; where they differ, its row is left out.
+  std::optional<cohort::two_dimensional<>> two_dimensional;
+  try {
+    two_dimensional.emplace(world, checked);
+  } catch (const cohort::invalid_argument&) {
+  }
   cohort::naive naive_unchecked(world, unchecked);
   cohort::flat flat_unchecked(world, unchecked);
   // The raw calls go to a communicator of the same kind as cohort's (a duplicate of world), so
@@ -404,6 +414,14 @@ int run(int argc, char** argv) {
                          [&] { flat_unchecked.allreduce_grad(grads.params, cohort::sum{}); },
                          fill_grads, check_grads});
     }
+    methods.push_back({"hierarchical",
+                       [&] { hierarchical.allreduce_grad(grads.params, cohort::sum{}); },
+                       fill_grads, check_grads});
+    if (two_dimensional) {
+      methods.push_back({"two_dimensional",
+                         [&] { two_dimensional->allreduce_grad(grads.params, cohort::sum{}); },
+                         fill_grads, check_grads});
+    }
 
 #if defined(COHORT_BENCH_GPU)
     if (gpu) {
@@ -446,7 +464,7 @@ int run(int argc, char** argv) {
         const double time = median(samples[k]);
         const double algbw = static_cast<double>(bytes) / time / 1e9;
         const std::string& name = methods[k].name;
-        std::printf("  %11zu %11zu %8zu %14.*s %12.2f %12.3f %12.3f %7.2f\n", bytes, elements,
+        std::printf("  %11zu %11zu %8zu %15.*s %12.2f %12.3f %12.3f %7.2f\n", bytes, elements,
                     grads.params.size(), static_cast<int>(name.size()), name.data(), time * 1e6,
                     algbw, algbw * busbw_factor,
                     time / (name.starts_with("gpu") ? gpu_raw_time : raw_time));

@@ -16,6 +16,7 @@
 #include "support/allocation_counter.hpp"
 #include "support/expect.hpp"
 #include "support/fill.hpp"
+#include "support/model.hpp"
 #include "support/mpi_test_main.hpp"
 
 using cohort::dtype;
@@ -25,26 +26,8 @@ using cohort::test::closed_form_sum;
 using cohort::test::message_has;
 
 namespace {
-template <class T>
-using param = cohort::parameter_ref<std::vector<T>>;
-
-// A model with tensors of every awkward size in one dtype.
-template <class T>
-struct model {
-  std::vector<std::vector<T>> values, grads;
-  std::vector<param<T>> params;
-
-  model(int ranks, int rank) {
-    const std::size_t sizes[] = {0, 1, 3, static_cast<std::size_t>(ranks) * 4 + 1, 1000, 4099};
-    for (const std::size_t n : sizes) {
-      values.emplace_back(n);
-      grads.push_back(cohort::test::filled<T>(n, rank));
-    }
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      params.push_back({"layer" + std::to_string(i), &values[i], &grads[i]});
-    }
-  }
-};
+using cohort::test::model;
+using cohort::test::param;
 
 // The tolerance of a mean in T: 16-bit floats are divided before the sum and rounded at each step.
 template <class T>
@@ -119,34 +102,62 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(two_level_strategies_on_simulated_nodes, Strategy,
     check_every_dtype(comm, cohort::sum{}, false);
     check_every_dtype(comm, cohort::mean{}, true);
     auto tiny = cohort::make_communicator<Strategy>(
-        {.simulated_ranks_per_node = per_node, .fusion_buffer_bytes = 64});
+        {.simulated_ranks_per_node = per_node, .bucket_bytes = 64});
     check_every_dtype(tiny, cohort::mean{}, true);
   }
 }
 
-BOOST_AUTO_TEST_CASE(tiny_fusion_buffers_split_and_bypass_tensors) {
-  // 64 bytes: 16 float32 or 32 float16 per chunk. Tensors of 1 or 3 elements share chunks, and
-  // every tensor of 64 bytes or more (a whole buffer) is reduced in place.
-  auto comm = cohort::make_communicator<cohort::flat>({.fusion_buffer_bytes = 64});
+BOOST_AUTO_TEST_CASE(every_bucket_size_gives_the_same_results) {
+  // 0: every tensor alone; 8 and 64 bytes: a few elements per bucket, and first buckets smaller
+  // still; the threshold (capped at the bucket size) packs every tensor smaller than a bucket, and
+  // 0 reduces every tensor of the wire dtype in place.
+  const cohort::communicator_options shapes[] = {
+      {.bucket_bytes = 0},
+      {.bucket_bytes = 8, .first_bucket_bytes = 2},
+      {.bucket_bytes = 64, .first_bucket_bytes = 8},
+      {.bucket_bytes = 4096},
+      {.bucket_bytes = 4096, .fusion_threshold_bytes = 0},
+      {.bucket_bytes = std::size_t{1} << 20, .first_bucket_bytes = 100},
+      {},
+  };
+  for (const auto& options : shapes) {
+    auto comm = cohort::make_communicator<cohort::flat>(options);
+    check_every_dtype(comm, cohort::mean{}, true);
+  }
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 64});
   check_every_dtype(comm, cohort::sum{}, false);
-  check_every_dtype(comm, cohort::mean{}, true);
-  // Nothing in place: every tensor is packed, the large ones spread over many chunks.
-  auto packed = cohort::make_communicator<cohort::flat>(
-      {.fusion_buffer_bytes = 256, .fusion_threshold_bytes = std::size_t{1} << 40});
-  check_every_dtype(packed, cohort::mean{}, true);
-  // Everything in place, fusion off: but for the int32 and uint8 gradients, whose mean travels as
-  // int64 and so goes through the buffer (all of a model's 5104 + 4n elements, as int64).
+  // Everything in place: but for the int32 and uint8 gradients, whose mean travels as int64 and
+  // so goes through the buckets (all of a model's 5104 + 4n elements, as int64, in one bucket).
   auto in_place = cohort::make_communicator<cohort::flat>({.fusion_threshold_bytes = 0});
   check_every_dtype(in_place, cohort::mean{}, true);
-  BOOST_TEST(in_place.fusion_buffer_bytes() == (5104u + 4u * comm.size()) * 8);
-  BOOST_TEST(comm.fusion_buffer_bytes() <= 64u);
-  auto staged = cohort::make_communicator<cohort::dummy>({.fusion_buffer_bytes = 8});
+  BOOST_TEST(in_place.bucket_buffer_bytes() == (5104u + 4u * comm.size()) * 8);
+  auto staged = cohort::make_communicator<cohort::dummy>({.bucket_bytes = 8});
   model<double> m(comm.size(), comm.rank());
   staged.allreduce_grad(m.params, cohort::sum{});
   BOOST_TEST(m.grads[5] == cohort::test::filled<double>(4099, comm.rank()),
              boost::test_tools::per_element());
-  BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.fusion_buffer_bytes = 0}),
-                        cohort::invalid_argument, message_has({"fusion_buffer_bytes"}));
+}
+
+BOOST_AUTO_TEST_CASE(overlap_needs_mpi_thread_multiple) {
+  // This test's MPI is single-threaded: overlap refuses to start, naming the level and the fix.
+  auto comm = cohort::make_communicator<cohort::flat>();
+  model<float> m(comm.size(), comm.rank());
+  BOOST_CHECK_EXCEPTION(
+      comm.begin_allreduce_grad(m.params, cohort::mean{}), cohort::error,
+      message_has({"MPI_THREAD_MULTIPLE", "MPI_THREAD_SINGLE", "boost::mpi::threading::multiple"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  comm.allreduce_grad(m.params, cohort::mean{}); // the blocking path needs no thread
+}
+
+BOOST_AUTO_TEST_CASE(naive_reduces_in_place_and_flat_fuses) {
+  auto naive = cohort::make_communicator<cohort::naive>();
+  auto flat = cohort::make_communicator<cohort::flat>();
+  model<float> m(naive.size(), naive.rank());
+  naive.allreduce_grad(m.params, cohort::sum{});
+  flat.allreduce_grad(m.params, cohort::sum{});
+  BOOST_TEST(naive.bucket_buffer_bytes() == 0u);
+  // Every tensor is under 64 KiB: all of them packed, the first bucket (1 MiB) holds them all.
+  BOOST_TEST(flat.bucket_buffer_bytes() == (1 + 3 + (naive.size() * 4 + 1) + 1000 + 4099) * 4u);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(mixed_dtypes_in_one_model_match_the_naive_oracle, Strategy,
@@ -372,8 +383,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(steady_state_allocates_nothing, Strategy, reducing
   }
   BOOST_TEST(cohort::test::allocations() - before == 0);
   if constexpr (std::is_same_v<Strategy, cohort::flat>) {
-    BOOST_TEST(comm.fusion_buffer_bytes() ==
-               (0 + 1 + 3 + (comm.size() * 4 + 1) + 1000 + 4099) * 4u);
+    // The last layout: float16 gradients, all of them cast to bfloat16 into one bucket.
+    BOOST_TEST(comm.bucket_buffer_bytes() ==
+               (0 + 1 + 3 + (comm.size() * 4 + 1) + 1000 + 4099) * 2u);
   }
 }
 

@@ -73,7 +73,12 @@ inline std::chrono::seconds watchdog_limit(int rank) {
 } // namespace cohort::test
 
 int main(int argc, char* argv[]) {
+#ifdef COHORT_TEST_MPI_THREAD_MULTIPLE
+  // For the tests of overlap, whose reductions run on cohort's own thread.
+  boost::mpi::environment env(argc, argv, boost::mpi::threading::multiple);
+#else
   boost::mpi::environment env(argc, argv);
+#endif
   int result = 0;
   {
     const int rank = boost::mpi::communicator().rank();

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/fused_reduction.hpp>
 #include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>
@@ -22,19 +21,14 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! objects, parameter broadcast) does communicate, so data scattering and metrics still work.
 class dummy : public mpi_communicator<dummy> {
 public:
-  explicit dummy(const boost::mpi::communicator& comm, communicator_options options = {})
-      : mpi_communicator<dummy>(comm, options)
-      , fused_(options.fusion_buffer_bytes, options.fusion_threshold_bytes) {}
+  static constexpr std::string_view name = "dummy";
+
+  using mpi_communicator<dummy>::mpi_communicator;
 
 private:
   friend class mpi_communicator<dummy>;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
-    fused_.run(slots, reducer, size(), [](tensor_view, reduce_op) {});
-  }
-
-  detail::fused_reduction fused_;
+  void exchange(tensor_view, reduce_op) {}
 };
 
 } // namespace COHORT_ABI_NAMESPACE

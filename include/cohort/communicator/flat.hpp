@@ -1,47 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/fused_reduction.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
-#include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/config.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/mpi.hpp>
 
-#include <boost/mpi/communicator.hpp>
-
-#include <cstddef>
-#include <span>
+#include <string_view>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! Fuses the gradients: packs the small ones into a reusable buffer (`fusion_buffer_bytes`, 4 MiB
-//! by default) and reduces each full buffer with one MPI all-reduce, so that many small tensors
-//! cost a few latencies instead of one each; a tensor of `fusion_threshold_bytes` or more is
-//! reduced in place, where a copy would cost more than it saves. ChainerMN's flat packed
-//! everything into one buffer; on the figures of bench/allreduce that is slower than both. Nothing
-//! is allocated after the first step.
+//! Fuses the gradients into buckets (`bucket_bytes`, 4 MiB by default) and reduces each bucket
+//! with one MPI all-reduce, so that many small tensors cost a few latencies instead of one each; a
+//! tensor of `fusion_threshold_bytes` or more is reduced in place, where a copy would cost more
+//! than it saves. ChainerMN's flat packed everything into one buffer; on the figures of
+//! bench/grad_sync that is slower. Nothing is allocated after the first step of a layout.
 class flat : public mpi_communicator<flat> {
 public:
-  explicit flat(const boost::mpi::communicator& comm, communicator_options options = {})
-      : mpi_communicator<flat>(comm, options)
-      , fused_(options.fusion_buffer_bytes, options.fusion_threshold_bytes) {}
+  static constexpr std::string_view name = "flat";
 
-  //! Bytes held by the fusion buffer (at most `fusion_buffer_bytes`).
-  std::size_t fusion_buffer_bytes() const noexcept { return fused_.buffer_bytes(); }
+  using mpi_communicator<flat>::mpi_communicator;
 
 private:
   friend class mpi_communicator<flat>;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
-    fused_.run(slots, reducer, size(), [this](tensor_view packed, reduce_op op) {
-      mpi::allreduce(mpi_comm(), packed, op);
-    });
-  }
-
-  detail::fused_reduction fused_;
+  void exchange(tensor_view bucket, reduce_op op) { mpi::allreduce(grad_comm(), bucket, op); }
 };
 
 } // namespace COHORT_ABI_NAMESPACE

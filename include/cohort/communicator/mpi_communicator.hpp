@@ -2,14 +2,20 @@
 #pragma once
 
 // What every MPI-based strategy shares: the topology, the tensor and object collectives, the
-// parameter broadcast and the front door of allreduce_grad. A strategy derives from
-// mpi_communicator<Strategy> (CRTP: no virtual call) and supplies only how gradients are reduced,
+// parameter broadcast and the front door of allreduce_grad, blocking or overlapped with backward.
+// A strategy derives from mpi_communicator<Strategy> (CRTP: no virtual call) and supplies only
+// how one bucket of host gradients is reduced, `exchange(tensor_view, reduce_op)` over the
+// gradient channel (`grad_comm()`, ...), or, for device memory, how all of them are,
 // `reduce_gradients(std::span<const detail::grad_slot>, const Reducer&)`.
 
 #include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/bucketed_reduction.hpp>
 #include <cohort/communicator/grad_reduction.hpp>
+#include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
+#include <cohort/communicator/overlap_worker.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
@@ -26,8 +32,14 @@
 #include <boost/mpi/environment.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <iterator>
+#include <memory>
+#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +59,21 @@ constexpr bool may_live_on_host() {
     return true;
   }
 }
+
+//! A reducer's plans for every dtype, recorded once: what a plan rebuilt later (when the order of
+//! readiness is learned) is built from, without keeping the reducer's type.
+struct recorded_reducer {
+  std::array<grad_reduction, dtype_count> plans;
+
+  recorded_reducer() = default;
+  template <reducer Reducer>
+  recorded_reducer(const Reducer& reducer, int ranks) {
+    for (std::size_t d = 0; d < plans.size(); ++d) {
+      plans[d] = reducer.plan(all_dtypes[d], ranks);
+    }
+  }
+  grad_reduction plan(dtype type, int) const { return plans[dtype_index(type)]; }
+};
 } // namespace detail
 
 //! A tensor that may be in host memory: any tensor but one whose type says it lives on the
@@ -62,7 +89,11 @@ public:
   explicit mpi_communicator(const boost::mpi::communicator& comm, communicator_options options = {})
       : comm_(checked_duplicate(comm))
       , options_(options)
-      , layout_(discover_topology(comm_, options.simulated_ranks_per_node)) {}
+      , layout_(discover_topology(comm_, options.simulated_ranks_per_node))
+      , grad_world_(checked_duplicate(comm_))
+      , grad_intra_(checked_duplicate(layout_.intra))
+      , grad_inter_(checked_duplicate(layout_.inter))
+      , reduction_(bucketing(options)) {}
 
   int rank() const noexcept { return layout_.topo.rank; }
   int size() const noexcept { return layout_.topo.size; }
@@ -327,7 +358,7 @@ public:
         },
         problem);
 
-    const std::size_t capacity = options_.fusion_buffer_bytes;
+    const std::size_t capacity = options_.bucket_bytes;
     const std::size_t threshold = std::min(options_.fusion_threshold_bytes, capacity);
     std::vector<std::byte> buffer;
     std::vector<tensor_view> pending;
@@ -369,17 +400,162 @@ public:
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
     detail::operation_scope scope("allreduce_grad");
+    require_no_pending("allreduce_grad");
     detail::collect_gradients(params, options.missing, slots_, names_);
     detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
                                options.missing);
     for (const auto& slot : slots_) {
       check_gradient_location(slot.grad.location);
     }
-    static_cast<Strategy&>(*this).reduce_gradients(std::span<const detail::grad_slot>(slots_),
-                                                   reducer);
+    if constexpr (reduces_in_buckets()) {
+      reduction_.run(std::span<const detail::grad_slot>(slots_), reducer, size(),
+                     [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
+    } else {
+      self().reduce_gradients(std::span<const detail::grad_slot>(slots_), reducer);
+    }
   }
 
+  // ---- gradients reduced while backward runs ------------------------------------------------
+
+  //! Begins a reduction of `params`' gradients that overlaps with backward: call `ready(i)` on
+  //! the request as parameter i's gradient becomes final (from a hook, say), and `wait()` before
+  //! the optimizer step. A bucket is reduced, on cohort's own thread, as soon as its gradients are
+  //! ready and the buckets before it are on their way; the order gradients become ready in the
+  //! first step is learned (rank 0's) and the buckets rebuilt for it. Collective: the ranks agree
+  //! on the layout now, so every gradient tensor must exist, with its final size, already.
+  //! Needs MPI started with `MPI_THREAD_MULTIPLE` (throws `cohort::error` otherwise).
+  template <parameter_set Params, reducer Reducer>
+  requires std::is_lvalue_reference_v<Params>
+      grad_sync_request<Strategy, std::remove_reference_t<Params>>
+      begin_allreduce_grad(Params&& params, const Reducer& reducer,
+                           grad_sync_options options = {}) {
+    start_grad_sync(params, reducer, options);
+    return {self(), params};
+  }
+
+  //! Non-blocking `allreduce_grad`: every gradient is ready now; the buckets are reduced on
+  //! cohort's thread while the caller goes on. `wait()` on the request before touching them.
+  template <parameter_set Params, reducer Reducer>
+  requires std::is_lvalue_reference_v<Params>
+      grad_sync_request<Strategy, std::remove_reference_t<Params>>
+      iallreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
+    start_grad_sync(params, reducer, options);
+    mark_all_ready();
+    return {self(), params};
+  }
+
+  //! The parts of `begin_allreduce_grad` for callers that keep no request (the optimizer
+  //! wrapper): start, say which gradient is ready, wait.
+  template <parameter_set Params, reducer Reducer>
+  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+    detail::operation_scope scope("allreduce_grad");
+    require_no_pending("begin_allreduce_grad");
+    require_threads();
+    detail::collect_gradients(params, options.missing, slots_, names_);
+    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
+                               options.missing);
+    for (const auto& slot : slots_) {
+      check_gradient_location(slot.grad.location);
+    }
+    begin_overlap(reducer, options.missing);
+  }
+
+  //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
+  //! does not touch until `wait_grad_sync`): for a wrapper that reduces a copy of the gradients.
+  template <reducer Reducer>
+  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+    detail::operation_scope scope("allreduce_grad");
+    require_no_pending("begin_allreduce_grad");
+    require_threads();
+    slots_.assign(slots.begin(), slots.end());
+    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
+                               missing_grad::report);
+    for (const auto& slot : slots_) {
+      check_gradient_location(slot.grad.location);
+    }
+    begin_overlap(reducer, missing_grad::report);
+  }
+
+  //! Parameter `index` of `params` (the set the reduction began with) has its final gradient: it
+  //! is read again, and its bucket reduced if that completes it.
+  template <parameter_set Params>
+  void grad_ready(Params& params, std::size_t index) {
+    overlap_state& o = pending_overlap("grad_ready");
+    if (index < slots_.size()) {
+      auto it = std::ranges::begin(params);
+      std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
+      const detail::grad_slot now = detail::collect_one(*it, o.missing);
+      detail::grad_slot& then = slots_[index];
+      if (now.state != detail::slot_state::ok || now.grad.count != then.grad.count ||
+          now.grad.type != then.grad.type || now.grad.location != then.grad.location) {
+        detail::grad_slot changed = now;
+        changed.name = then.name;
+        report(o, "cohort: grad_ready on rank " + std::to_string(rank()) + ": " +
+                      detail::slot_label(then) + " had " + detail::slot_description(then) +
+                      " when the reduction began, and now has " +
+                      detail::slot_description(changed));
+        return;
+      }
+      then.grad = now.grad;
+    }
+    mark_ready(o, index);
+  }
+
+  //! Gradient `index` of the views given to `start_grad_sync` is final.
+  void grad_ready(std::size_t index) { mark_ready(pending_overlap("grad_ready"), index); }
+
+  //! Marks every gradient not yet ready as ready (in index order).
+  void mark_all_ready() {
+    overlap_state& o = pending_overlap("grad_ready");
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (!o.ready[i]) {
+        mark_ready(o, i);
+      }
+    }
+  }
+
+  //! Marks the rest ready, and waits until every bucket is reduced. Collective. Rethrows the
+  //! first error on every rank (a gradient whose size changed on one rank throws everywhere).
+  void wait_grad_sync() {
+    detail::operation_scope scope("allreduce_grad");
+    overlap_state& o = pending_overlap("wait");
+    struct done_on_exit {
+      overlap_state& o;
+      ~done_on_exit() { o.pending = false; }
+    } done{o};
+    mark_all_ready();
+    o.worker.wait();
+    if (options_.check_agreement) {
+      // A problem found after the last bucket left (a gradient marked twice, say).
+      settle_on(grad_world_, "allreduce_grad", 0,
+                o.problem_flag.load() ? o.problem : std::string());
+    } else if (o.problem_flag.load()) {
+      throw invalid_argument(o.problem);
+    }
+    if (reduction_.learning()) {
+      // Every rank adopts rank 0's order, so the buckets stay the same everywhere.
+      std::vector<std::int64_t> order(o.seen.begin(), o.seen.end());
+      mpi::broadcast(grad_world_,
+                     tensor_view{order.data(), order.size(), dtype::int64, memory_location::host},
+                     0);
+      std::copy(order.begin(), order.end(), o.seen.begin());
+      reduction_.learn_order(std::span<const detail::grad_slot>(slots_), o.seen, o.reducer, size());
+    }
+  }
+
+  //! Whether an overlapped reduction has begun and not been waited on.
+  bool grad_sync_pending() const noexcept { return overlap_ != nullptr && overlap_->pending; }
+
+  //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
+  std::size_t bucket_buffer_bytes() const noexcept { return reduction_.buffer_bytes(); }
+
 protected:
+  //! The communicators the gradient buckets travel on: duplicates of mpi_comm(), intra_comm()
+  //! and inter_comm(), so that cohort's thread never shares a communicator with the caller's.
+  const boost::mpi::communicator& grad_comm() const noexcept { return grad_world_; }
+  const boost::mpi::communicator& grad_intra_comm() const noexcept { return grad_intra_; }
+  const boost::mpi::communicator& grad_inter_comm() const noexcept { return grad_inter_; }
+
   //! Where this strategy's gradients may live: host memory, unless the strategy declares
   //! `static constexpr bool reduces_gpu_memory = true`.
   void check_gradient_location(memory_location location) const {
@@ -485,22 +661,38 @@ protected:
   void settle(std::string_view operation, std::uint64_t hash, Describe&& describe,
               const std::string& problem) const {
     if (options_.check_agreement) {
-      detail::fingerprint f;
-      f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
-      detail::require_agreement(comm_, operation, f.value(), [&] {
-        if (!problem.empty()) {
-          return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
-        }
-        if constexpr (std::is_invocable_v<Describe>) {
-          return describe();
-        } else {
-          return std::vector<detail::signature_entry>{{"the call", "good arguments"}};
-        }
-      });
+      agree_on_problems(comm_, operation, hash, describe, problem);
     }
     if (!problem.empty()) {
       throw invalid_argument(problem);
     }
+  }
+
+  //! `settle` over another communicator (the gradient channel), with nothing to describe.
+  void settle_on(const boost::mpi::communicator& comm, std::string_view operation,
+                 std::uint64_t hash, const std::string& problem) const {
+    agree_on_problems(comm, operation, hash, nullptr, problem);
+    if (!problem.empty()) {
+      throw invalid_argument(problem);
+    }
+  }
+
+  template <class Describe>
+  static void agree_on_problems(const boost::mpi::communicator& comm, std::string_view operation,
+                                std::uint64_t hash, Describe&& describe,
+                                const std::string& problem) {
+    detail::fingerprint f;
+    f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+    detail::require_agreement(comm, operation, f.value(), [&] {
+      if (!problem.empty()) {
+        return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
+      }
+      if constexpr (std::is_invocable_v<Describe>) {
+        return describe();
+      } else {
+        return std::vector<detail::signature_entry>{{"the call", "good arguments"}};
+      }
+    });
   }
 
   void agree(std::string_view operation, std::size_t count, dtype type, int detail_value,
@@ -537,9 +729,159 @@ protected:
   }
 
 private:
+  // What a reduction that overlaps backward keeps between calls: behind a pointer so that the
+  // communicator stays movable, and made once, with its thread, on first use.
+  struct overlap_state {
+    explicit overlap_state(mpi_communicator& owner)
+        : owner(&owner) {}
+    void reduce_bucket(std::size_t b) { owner->reduce_overlapped_bucket(*this, b); }
+
+    mpi_communicator* owner;
+    bool pending = false;
+    missing_grad missing = missing_grad::report;
+    detail::recorded_reducer reducer;
+    std::vector<char> ready;
+    std::vector<std::size_t> remaining; // per bucket: members not yet ready
+    std::vector<std::size_t> seen;      // the order gradients became ready in
+    std::size_t launched = 0;
+    std::string problem; // the first local problem; written before problem_flag is raised
+    std::atomic<bool> problem_flag{false};
+    detail::overlap_worker<overlap_state> worker; // last: its thread stops first
+  };
+
+  static constexpr bool reduces_in_buckets() {
+    return requires(Strategy & s, tensor_view v, reduce_op op) {
+      s.exchange(v, op);
+    };
+  }
+
+  static detail::bucket_limits bucketing(const communicator_options& options) {
+    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
+      return Strategy::bucket_limits_for(options);
+    } else {
+      return {options.bucket_bytes, options.first_bucket_bytes,
+              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
+    }
+  }
+
+  Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
+
+  void require_no_pending(std::string_view operation) const {
+    if (grad_sync_pending()) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) +
+                             ": an overlapped allreduce_grad is still pending; wait() on it first");
+    }
+  }
+
+  overlap_state& pending_overlap(std::string_view operation) {
+    if (!grad_sync_pending()) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) +
+                             ": no overlapped allreduce_grad is pending (begin_allreduce_grad "
+                             "starts one)");
+    }
+    return *overlap_;
+  }
+
+  void require_threads() const {
+    static_assert(reduces_in_buckets(),
+                  "cohort: this strategy reduces gradients in one call (device memory); "
+                  "overlapping with backward needs a host strategy");
+    int level = MPI_THREAD_SINGLE;
+    mpi::check(MPI_Query_thread(&level), "MPI_Query_thread", comm_);
+    if (level < MPI_THREAD_MULTIPLE) {
+      static constexpr const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
+                                              "MPI_THREAD_SERIALIZED"};
+      throw error("cohort: overlapping allreduce_grad with backward on rank " +
+                  std::to_string(rank()) +
+                  " needs MPI started with MPI_THREAD_MULTIPLE (cohort reduces on a thread of "
+                  "its own), and it was started with " +
+                  std::string(level >= 0 && level < 3 ? names[level] : "a lower level") +
+                  ": create the environment as boost::mpi::environment env(argc, argv, "
+                  "boost::mpi::threading::multiple)");
+    }
+  }
+
+  template <reducer Reducer>
+  void begin_overlap(const Reducer& reducer, missing_grad missing) {
+    if (overlap_ == nullptr) {
+      overlap_ = std::make_unique<overlap_state>(*this);
+    }
+    overlap_state& o = *overlap_;
+    o.owner = this;
+    o.missing = missing;
+    o.reducer = detail::recorded_reducer(reducer, size());
+    const detail::bucket_plan& plan =
+        reduction_.prepare(std::span<const detail::grad_slot>(slots_), o.reducer, size());
+    o.ready.assign(slots_.size(), 0);
+    o.remaining.clear();
+    for (const auto& b : plan.buckets()) {
+      o.remaining.push_back(b.member_count);
+    }
+    o.seen.clear();
+    o.launched = 0;
+    o.problem.clear();
+    o.problem_flag.store(false);
+    o.worker.start(o);
+    o.pending = true;
+  }
+
+  void report(overlap_state& o, std::string problem) {
+    if (!options_.check_agreement) {
+      throw invalid_argument(problem);
+    }
+    if (!o.problem_flag.load()) {
+      o.problem = std::move(problem);
+      o.problem_flag.store(true, std::memory_order_release);
+    }
+  }
+
+  void mark_ready(overlap_state& o, std::size_t index) {
+    if (index >= slots_.size()) {
+      report(o, "cohort: grad_ready on rank " + std::to_string(rank()) + ": index " +
+                    std::to_string(index) + " is not a parameter of this " +
+                    std::to_string(slots_.size()) + "-parameter set");
+      return;
+    }
+    if (o.ready[index]) {
+      report(o, "cohort: grad_ready on rank " + std::to_string(rank()) + ": " +
+                    detail::slot_label(slots_[index]) + " (#" + std::to_string(index) +
+                    ") was marked ready twice in one step");
+      return;
+    }
+    o.ready[index] = 1;
+    o.seen.push_back(index);
+    const detail::bucket_plan& plan = reduction_.plan();
+    const std::size_t b = plan.bucket_of(index);
+    if (b == detail::bucket_plan::no_bucket || --o.remaining[b] != 0) {
+      return;
+    }
+    while (o.launched < o.remaining.size() && o.remaining[o.launched] == 0) {
+      ++o.launched;
+    }
+    o.worker.launch(o.launched);
+  }
+
+  // On cohort's thread: one bucket, after the ranks agree that none found a problem so far.
+  void reduce_overlapped_bucket(overlap_state& o, std::size_t b) {
+    if (options_.check_agreement) {
+      const bool bad = o.problem_flag.load(std::memory_order_acquire);
+      settle_on(grad_world_, "allreduce_grad", b, bad ? o.problem : std::string());
+    }
+    reduction_.reduce_bucket(
+        b, std::span<const detail::grad_slot>(slots_),
+        [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
+  }
+
   boost::mpi::communicator comm_;
   communicator_options options_;
   node_layout layout_;
+  boost::mpi::communicator grad_world_;
+  boost::mpi::communicator grad_intra_;
+  boost::mpi::communicator grad_inter_;
+  detail::bucketed_reduction reduction_;
+  std::unique_ptr<overlap_state> overlap_;
   std::vector<detail::grad_slot> slots_;
   std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary
 };

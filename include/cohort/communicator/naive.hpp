@@ -1,54 +1,35 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/grad_reduction.hpp>
-#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>
+#include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
-#include <cohort/kernels/host.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/mpi.hpp>
 
-#include <cstddef>
-#include <span>
-#include <vector>
+#include <string_view>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! The reference strategy: one MPI all-reduce per gradient tensor, on host memory. Simple and
-//! slow for many small tensors (one latency each); the oracle the faster strategies are tested
-//! against.
+//! The reference strategy: one MPI all-reduce per gradient tensor, on host memory (in place, or
+//! through a cast buffer when the reducer wants another dtype on the wire). Simple and slow for
+//! many small tensors (one latency each); the oracle the faster strategies are tested against.
 class naive : public mpi_communicator<naive> {
 public:
+  static constexpr std::string_view name = "naive";
+
   using mpi_communicator<naive>::mpi_communicator;
 
 private:
   friend class mpi_communicator<naive>;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
-    for (const auto& slot : slots) {
-      const grad_reduction plan = reducer.plan(slot.grad.type, size());
-      if (plan.wire == slot.grad.type) {
-        kernels::host::scale(slot.grad, plan.pre_scale);
-        mpi::allreduce(mpi_comm(), slot.grad, plan.op);
-        kernels::host::scale(slot.grad, plan.post_scale);
-        continue;
-      }
-      // Another dtype on the wire: cast into a staging buffer reused across steps.
-      const std::size_t bytes = slot.grad.count * size_of(plan.wire);
-      if (staging_.size() < bytes) {
-        staging_.resize(bytes);
-      }
-      const tensor_view wire{staging_.data(), slot.grad.count, plan.wire, memory_location::host};
-      const const_tensor_view source = slot.grad;
-      kernels::host::pack(std::span(&source, 1), wire, plan.pre_scale);
-      mpi::allreduce(mpi_comm(), wire, plan.op);
-      kernels::host::unpack(wire, std::span(&slot.grad, 1), plan.post_scale);
-    }
-  }
+  // Every gradient alone in its bucket, and in place where its dtype allows.
+  static detail::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }
 
-  std::vector<std::byte> staging_;
+  void exchange(tensor_view bucket, reduce_op op) { mpi::allreduce(grad_comm(), bucket, op); }
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -21,17 +21,24 @@ struct communicator_options {
   //! off, a mismatch is undefined behaviour of MPI: a hang, an MPI error or wrong numbers.
   bool check_agreement = true;
 
-  //! The size of the fusion buffer through which `flat` and `dummy` stream small gradients: they
-  //! are packed into it, reduced and unpacked one buffer at a time. 4 MiB keeps the packing in
-  //! cache and the messages where MPI's all-reduce is fast; a tiny value forces many chunks on
-  //! tiny inputs (tests do).
-  std::size_t fusion_buffer_bytes = std::size_t{4} << 20;
+  //! The size of a gradient bucket: the host strategies pack small gradients into buckets of at
+  //! most this many bytes (of the reducer's wire dtype) and reduce each bucket with one
+  //! collective, so that many small tensors cost a few latencies instead of one each. 4 MiB keeps
+  //! the packing in cache and the messages where MPI's all-reduce is fast on the figures of
+  //! bench/grad_sync (PyTorch DDP's default is 25 MiB, for networks of higher latency). 0 puts
+  //! every gradient in a bucket of its own (as `naive` does).
+  std::size_t bucket_bytes = std::size_t{4} << 20;
 
-  //! A gradient of at least this many bytes (or of a whole fusion buffer) is reduced in place by
-  //! `flat` and `dummy`, not copied: fusing saves one all-reduce latency per tensor but costs two
+  //! The limit of the first bucket of each dtype (the gradients that become ready first): smaller,
+  //! so that with overlap the first reduction starts early in backward, as DDP's 1 MiB first
+  //! bucket does. Capped at `bucket_bytes`.
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+
+  //! A gradient of at least this many bytes, already of the wire dtype, is reduced in place in a
+  //! bucket of its own, not copied: fusing saves one all-reduce latency per tensor but costs two
   //! passes over the tensor's memory, and past this size the copies cost more than the latency
-  //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce,
-  //! README); on a network with a higher latency, a larger value fuses more.
+  //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce, README); on
+  //! a network with a higher latency, a larger value fuses more.
   std::size_t fusion_threshold_bytes = std::size_t{64} << 10;
 };
 

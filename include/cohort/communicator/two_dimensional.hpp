@@ -2,9 +2,6 @@
 #pragma once
 
 #include <cohort/algorithm/ring.hpp>
-#include <cohort/communicator/fused_reduction.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
-#include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
@@ -13,14 +10,15 @@
 
 #include <boost/mpi/communicator.hpp>
 
-#include <span>
+#include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! Two dimensions, for nodes with several network links (ChainerMN's two_dimensional): each fused
-//! buffer is reduce-scattered inside the node (a ring over the node's ranks), every rank then
+//! Two dimensions, for nodes with several network links (ChainerMN's two_dimensional): each bucket
+//! is reduce-scattered inside the node (a ring over the node's ranks), every rank then
 //! all-reduces its own shard across the nodes over `Inter`, in parallel with the node's other
 //! ranks, and the shards are all-gathered inside the node. Every rank uses the network, each for
 //! 1/(ranks per node) of the bytes. The nodes must have the same number of ranks (the shards of
@@ -30,9 +28,10 @@ class two_dimensional : public mpi_communicator<two_dimensional<Inter>> {
   using base = mpi_communicator<two_dimensional<Inter>>;
 
 public:
+  static constexpr std::string_view name = "two_dimensional";
+
   explicit two_dimensional(const boost::mpi::communicator& comm, communicator_options options = {})
-      : base(comm, options)
-      , fused_(options.fusion_buffer_bytes, options.fusion_threshold_bytes) {
+      : base(comm, options) {
     int sizes[2] = {this->intra_size(), -this->intra_size()};
     mpi::check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, this->mpi_comm()),
                "MPI_Allreduce (node sizes)", this->mpi_comm());
@@ -48,21 +47,17 @@ public:
 private:
   friend base;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
-    fused_.run(slots, reducer, this->size(), [&](tensor_view packed, reduce_op op) {
-      algorithm::ring_reduce_scatter(this->intra_comm(), packed, op, {}, ring_);
-      const auto [begin, count] =
-          algorithm::ring_block(packed.count, this->intra_size(), this->intra_rank());
-      Inter::allreduce(this->inter_comm(),
-                       {static_cast<std::byte*>(packed.data) + begin * size_of(packed.type), count,
-                        packed.type, packed.location},
-                       op);
-      algorithm::ring_allgather(this->intra_comm(), packed, {}, ring_);
-    });
+  void exchange(tensor_view bucket, reduce_op op) {
+    algorithm::ring_reduce_scatter(this->grad_intra_comm(), bucket, op, {}, ring_);
+    const auto [begin, count] =
+        algorithm::ring_block(bucket.count, this->intra_size(), this->intra_rank());
+    Inter::allreduce(this->grad_inter_comm(),
+                     {static_cast<std::byte*>(bucket.data) + begin * size_of(bucket.type), count,
+                      bucket.type, bucket.location},
+                     op);
+    algorithm::ring_allgather(this->grad_intra_comm(), bucket, {}, ring_);
   }
 
-  detail::fused_reduction fused_;
   algorithm::ring_workspace ring_;
 };
 

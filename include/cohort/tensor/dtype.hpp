@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 #include <type_traits>
 
@@ -21,6 +22,13 @@ enum class dtype : std::uint8_t { float32, float64, float16, bfloat16, int32, in
 inline constexpr dtype all_dtypes[] = {dtype::float32,  dtype::float64, dtype::float16,
                                        dtype::bfloat16, dtype::int32,   dtype::int64,
                                        dtype::uint8};
+inline constexpr std::size_t dtype_count = std::size(all_dtypes);
+
+//! The position of `type` in `all_dtypes` (the enumerators are numbered in that order): for tables
+//! with one entry per dtype.
+constexpr std::size_t dtype_index(dtype type) noexcept {
+  return static_cast<std::size_t>(type);
+}
 
 constexpr std::string_view to_string(dtype type) noexcept {
   switch (type) {

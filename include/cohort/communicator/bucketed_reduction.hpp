@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/grad_reduction.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/kernels/host.hpp>
+#include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+//! Reduces host gradients bucket by bucket (see bucket_plan): packs each bucket into its own
+//! buffer of the reducer's wire dtype (casting and pre-scaling on the way), hands the buffer to
+//! `exchange`, and unpacks it (post-scaling); a gradient alone in an in-place bucket is scaled and
+//! exchanged where it lies. The plan and the buffers of the last few layouts are kept, keyed by
+//! the layout and the reducer, so that after the first step of each nothing is allocated. Each
+//! bucket owns its buffer so that several can be in flight at once (overlap).
+class bucketed_reduction {
+public:
+  explicit bucketed_reduction(bucket_limits limits)
+      : limits_(limits) {
+    entries_.reserve(max_layouts);
+    limits_.first_bucket_bytes = std::min(limits_.first_bucket_bytes, limits_.bucket_bytes);
+  }
+
+  //! The plan for this layout and reducer, built (buffers included) the first time it is seen.
+  template <reducer Reducer>
+  const bucket_plan& prepare(std::span<const grad_slot> slots, const Reducer& reducer, int ranks) {
+    fingerprint f;
+    f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(ranks));
+    for (const dtype type : all_dtypes) {
+      const grad_reduction plan = reducer.plan(type, ranks);
+      f.add(static_cast<std::uint64_t>(plan.wire))
+          .add(std::bit_cast<std::uint64_t>(plan.pre_scale))
+          .add(std::bit_cast<std::uint64_t>(plan.post_scale))
+          .add(static_cast<std::uint64_t>(plan.op));
+    }
+    ++clock_;
+    const std::uint64_t key = f.value();
+    auto found = std::find_if(entries_.begin(), entries_.end(),
+                              [&](const entry& e) { return e.key == key; });
+    if (found == entries_.end()) {
+      if (entries_.size() < max_layouts) {
+        found = entries_.emplace(entries_.end());
+      } else {
+        found = std::min_element(entries_.begin(), entries_.end(),
+                                 [](const entry& a, const entry& b) { return a.used < b.used; });
+      }
+      found->key = key;
+      found->learned = false;
+      bucket_plan::reverse_order(slots.size(), order_);
+      build(*found, slots, order_, reducer, ranks);
+    }
+    found->used = clock_;
+    current_ = &*found;
+    return found->plan;
+  }
+
+  //! Rebuilds the current plan in `order` (the order the gradients became ready in a step), once
+  //! per layout; later calls change nothing. Returns whether the plan changed.
+  template <reducer Reducer>
+  bool learn_order(std::span<const grad_slot> slots, std::span<const std::size_t> order,
+                   const Reducer& reducer, int ranks) {
+    if (current_->learned) {
+      return false;
+    }
+    current_->learned = true;
+    if (std::ranges::equal(order, current_->plan.order())) {
+      return false;
+    }
+    build(*current_, slots, order, reducer, ranks);
+    return true;
+  }
+
+  //! The plan of the last layout prepared.
+  const bucket_plan& plan() const noexcept { return current_->plan; }
+
+  //! Whether the current layout's plan still has its order to learn.
+  bool learning() const noexcept { return current_ != nullptr && !current_->learned; }
+
+  //! Reduces bucket `b` of the current plan. Not thread-safe: one bucket at a time.
+  template <class Exchange>
+  void reduce_bucket(std::size_t b, std::span<const grad_slot> slots, Exchange&& exchange) {
+    const bucket_plan& plan = current_->plan;
+    const bucket& k = plan.buckets()[b];
+    const auto members = plan.members(k);
+    if (k.in_place) {
+      const tensor_view grad = slots[members.front()].grad;
+      kernels::host::scale(grad, k.plan.pre_scale);
+      exchange(grad, k.plan.op);
+      kernels::host::scale(grad, k.plan.post_scale);
+      return;
+    }
+    sources_.clear();
+    targets_.clear();
+    for (const std::size_t s : members) {
+      sources_.push_back(slots[s].grad);
+      targets_.push_back(slots[s].grad);
+    }
+    const tensor_view packed{current_->buffers[b].data(), k.count, k.plan.wire,
+                             memory_location::host};
+    kernels::host::pack(sources_, packed, k.plan.pre_scale);
+    exchange(packed, k.plan.op);
+    kernels::host::unpack(packed, targets_, k.plan.post_scale);
+  }
+
+  //! Reduces every bucket, in plan order.
+  template <reducer Reducer, class Exchange>
+  void run(std::span<const grad_slot> slots, const Reducer& reducer, int ranks,
+           Exchange&& exchange) {
+    const bucket_plan& plan = prepare(slots, reducer, ranks);
+    for (std::size_t b = 0; b < plan.buckets().size(); ++b) {
+      reduce_bucket(b, slots, exchange);
+    }
+  }
+
+  //! Bytes held by the current layout's bucket buffers (for tests and memory accounting).
+  std::size_t buffer_bytes() const noexcept {
+    std::size_t bytes = 0;
+    if (current_ != nullptr) {
+      for (const auto& buffer : current_->buffers) {
+        bytes += buffer.size();
+      }
+    }
+    return bytes;
+  }
+
+  const bucket_limits& limits() const noexcept { return limits_; }
+
+private:
+  // A trainer alternates between a handful of layouts at most (a model, an evaluation head, a
+  // second optimizer): keeping that many plans avoids rebuilding them step after step.
+  static constexpr std::size_t max_layouts = 4;
+
+  struct entry {
+    std::uint64_t key = 0;
+    std::uint64_t used = 0;
+    bool learned = false;
+    bucket_plan plan;
+    std::vector<std::vector<std::byte>> buffers;
+  };
+
+  template <reducer Reducer>
+  void build(entry& e, std::span<const grad_slot> slots, std::span<const std::size_t> order,
+             const Reducer& reducer, int ranks) {
+    e.plan.build(slots, order, reducer, ranks, limits_);
+    const auto buckets = e.plan.buckets();
+    e.buffers.resize(buckets.size());
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      e.buffers[b].resize(buckets[b].in_place ? 0
+                                              : buckets[b].count * size_of(buckets[b].plan.wire));
+      e.buffers[b].shrink_to_fit();
+    }
+  }
+
+  bucket_limits limits_;
+  std::vector<entry> entries_;
+  entry* current_ = nullptr;
+  std::uint64_t clock_ = 0;
+  std::vector<std::size_t> order_;
+  std::vector<const_tensor_view> sources_;
+  std::vector<tensor_view> targets_;
+};
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: Apache-2.0
+// allreduce_grad overlapped with backward: an overlapped step gives the bytes of a blocking one
+// for every strategy, bucket size and order of readiness (which may differ between ranks); the
+// order is learned and the steady state allocates nothing; mistakes throw on every rank.
+#define BOOST_TEST_MODULE communicator.overlap
+#include <cohort/cohort.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "support/allocation_counter.hpp"
+#include "support/expect.hpp"
+#include "support/fill.hpp"
+#include "support/model.hpp"
+#include "support/mpi_test_main.hpp"
+
+using cohort::test::message_has;
+
+namespace {
+
+// Thirteen tensors of four dtypes and awkward sizes, in one parameter set.
+struct mixed_model {
+  static constexpr std::size_t tensors = 13;
+  std::vector<std::vector<std::byte>> values, grads;
+  std::vector<cohort::tensor_view> value_views, grad_views;
+  std::vector<cohort::parameter_ref<cohort::tensor_view>> params;
+
+  mixed_model(int ranks, int rank, int step) {
+    const cohort::dtype types[] = {cohort::dtype::float32, cohort::dtype::float64,
+                                   cohort::dtype::float16, cohort::dtype::int32};
+    const std::size_t sizes[] = {1, 3, static_cast<std::size_t>(ranks) * 4 + 1, 1000, 4099, 0};
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const cohort::dtype type = types[t % 4];
+      const std::size_t count = sizes[t % 6];
+      values.emplace_back(count * size_of(type));
+      grads.emplace_back(count * size_of(type));
+      std::vector<double> source(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        source[i] = cohort::test::closed_form(i + t + static_cast<std::size_t>(step), rank);
+      }
+      cohort::kernels::host::cast(cohort::make_view(source), {grads.back().data(), count, type,
+                                                              cohort::memory_location::host});
+    }
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const cohort::dtype type = types[t % 4];
+      value_views.push_back({values[t].data(), values[t].size() / size_of(type), type,
+                             cohort::memory_location::host});
+      grad_views.push_back(
+          {grads[t].data(), grads[t].size() / size_of(type), type, cohort::memory_location::host});
+    }
+    for (std::size_t t = 0; t < tensors; ++t) {
+      params.push_back({"t" + std::to_string(t), &value_views[t], &grad_views[t]});
+    }
+  }
+};
+
+// The order a rank marks gradients ready in at `step`: reversed, or rotated by the rank, and
+// only the first `marked` of them (wait() marks the rest).
+std::vector<std::size_t> readiness(int rank, int step) {
+  std::vector<std::size_t> order(mixed_model::tensors);
+  std::iota(order.rbegin(), order.rend(), std::size_t{0});
+  if (step % 2 == 1) {
+    std::rotate(order.begin(), order.begin() + (rank * 5 + step) % order.size(), order.end());
+  }
+  order.resize(order.size() - static_cast<std::size_t>(step % 3) * 2);
+  return order;
+}
+
+void require_same_bytes(const mixed_model& got, const mixed_model& expected, int step) {
+  for (std::size_t t = 0; t < mixed_model::tensors; ++t) {
+    BOOST_TEST_REQUIRE(got.grads[t] == expected.grads[t],
+                       "step " << step << ", tensor " << t << " differs from the blocking result");
+  }
+}
+
+template <class Strategy>
+void check_overlap_equals_blocking(const cohort::communicator_options& options) {
+  auto overlapped = cohort::make_communicator<Strategy>(options);
+  auto blocking = cohort::make_communicator<Strategy>(options);
+  for (int step = 0; step < 6; ++step) {
+    mixed_model a(overlapped.size(), overlapped.rank(), step);
+    mixed_model b(overlapped.size(), overlapped.rank(), step);
+    auto request = overlapped.begin_allreduce_grad(a.params, cohort::mean{});
+    for (const std::size_t t : readiness(overlapped.rank(), step)) {
+      request.ready(t);
+    }
+    request.wait();
+    blocking.allreduce_grad(b.params, cohort::mean{});
+    require_same_bytes(a, b, step);
+  }
+}
+
+} // namespace
+
+using strategies = std::tuple<cohort::naive, cohort::flat, cohort::hierarchical<>,
+                              cohort::two_dimensional<>, cohort::dummy>;
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(overlapped_steps_equal_blocking_ones, Strategy, strategies) {
+  check_overlap_equals_blocking<Strategy>({});
+  check_overlap_equals_blocking<Strategy>({.bucket_bytes = 64, .first_bucket_bytes = 8});
+  check_overlap_equals_blocking<Strategy>({.bucket_bytes = 0});
+  check_overlap_equals_blocking<Strategy>({.bucket_bytes = 8192, .fusion_threshold_bytes = 0});
+}
+
+BOOST_AUTO_TEST_CASE(overlapped_steps_equal_the_closed_forms) {
+  // Not only the blocking path: the sums themselves, for a model of one dtype.
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 256});
+  cohort::test::model<double> m(comm.size(), comm.rank());
+  auto request = comm.begin_allreduce_grad(m.params, cohort::sum{});
+  for (std::size_t t = m.params.size(); t-- > 0;) {
+    request.ready(t);
+  }
+  request.wait();
+  for (const auto& grad : m.grads) {
+    for (std::size_t i = 0; i < grad.size(); ++i) {
+      BOOST_TEST_REQUIRE(grad[i] == cohort::test::closed_form_sum(i, comm.size()));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(progress_does_not_need_the_caller) {
+  // Once every gradient is ready, the reduction completes while this thread only watches memory
+  // (the watchdog fails the test if it never does).
+  auto comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() == 1) {
+    return; // a sum over one rank changes nothing to watch
+  }
+  cohort::test::model<double> m(comm.size(), comm.rank());
+  const double expected = cohort::test::closed_form_sum(4000, comm.size());
+  auto request = comm.iallreduce_grad(m.params, cohort::sum{});
+  while (std::atomic_ref<double>(m.grads[5][4000]).load() != expected) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  request.wait();
+}
+
+BOOST_AUTO_TEST_CASE(iallreduce_grad_and_a_request_left_to_its_destructor) {
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 512});
+  auto oracle = cohort::make_communicator<cohort::flat>({.bucket_bytes = 512});
+  mixed_model a(comm.size(), comm.rank(), 0);
+  mixed_model b(comm.size(), comm.rank(), 0);
+  auto request = comm.iallreduce_grad(a.params, cohort::mean{});
+  BOOST_TEST(request.pending());
+  request.wait();
+  BOOST_TEST(!request.pending());
+  oracle.allreduce_grad(b.params, cohort::mean{});
+  require_same_bytes(a, b, 0);
+
+  mixed_model c(comm.size(), comm.rank(), 1);
+  mixed_model d(comm.size(), comm.rank(), 1);
+  { auto dropped = comm.iallreduce_grad(c.params, cohort::mean{}); }
+  BOOST_TEST(!comm.grad_sync_pending());
+  oracle.allreduce_grad(d.params, cohort::mean{});
+  require_same_bytes(c, d, 1);
+}
+
+BOOST_AUTO_TEST_CASE(the_order_is_learned_and_the_steady_state_allocates_nothing) {
+  auto comm =
+      cohort::make_communicator<cohort::flat>({.bucket_bytes = 256, .first_bucket_bytes = 64});
+  mixed_model m(comm.size(), comm.rank(), 0);
+  // Registration order, not its reverse: after the first step, the buckets follow it.
+  const auto step = [&] {
+    auto request = comm.begin_allreduce_grad(m.params, cohort::sum{});
+    for (std::size_t t = 0; t < mixed_model::tensors; ++t) {
+      request.ready(t);
+    }
+    request.wait();
+  };
+  step();
+  step();
+  const long before = cohort::test::allocations();
+  for (int i = 0; i < 5; ++i) {
+    step();
+  }
+  BOOST_TEST(cohort::test::allocations() - before == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_gradient_changed_on_one_rank_throws_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 64});
+  const int last = comm.size() - 1;
+  mixed_model m(comm.size(), comm.rank(), 0);
+  auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
+  if (comm.rank() == last) {
+    m.grad_views[4].count = 7; // tensor 4 had 4099 float32 elements when the step began
+  }
+  for (std::size_t t = mixed_model::tensors; t-- > 0;) {
+    request.ready(t);
+  }
+  BOOST_CHECK_EXCEPTION(
+      request.wait(), cohort::error,
+      message_has({"parameter 't4'", "4099 float32", "now has a gradient of 7 float32"}));
+  // The communicator is usable again.
+  mixed_model again(comm.size(), comm.rank(), 1);
+  auto next = comm.begin_allreduce_grad(again.params, cohort::mean{});
+  next.wait();
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_named) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  mixed_model m(comm.size(), comm.rank(), 0);
+  BOOST_CHECK_EXCEPTION(comm.grad_ready(m.params, 0), cohort::invalid_argument,
+                        message_has({"grad_ready", "no overlapped allreduce_grad is pending"}));
+  {
+    auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
+    BOOST_CHECK_EXCEPTION(comm.allreduce_grad(m.params, cohort::mean{}), cohort::invalid_argument,
+                          message_has({"allreduce_grad", "still pending"}));
+    BOOST_CHECK_EXCEPTION(comm.begin_allreduce_grad(m.params, cohort::mean{}),
+                          cohort::invalid_argument, message_has({"still pending"}));
+    request.ready(2);
+    request.ready(2);
+    BOOST_CHECK_EXCEPTION(request.wait(), cohort::invalid_argument,
+                          message_has({"parameter 't2'", "marked ready twice"}));
+  }
+  auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
+  request.ready(99);
+  BOOST_CHECK_EXCEPTION(request.wait(), cohort::invalid_argument,
+                        message_has({"index 99", "13-parameter set"}));
+}
