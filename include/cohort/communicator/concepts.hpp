@@ -12,6 +12,7 @@
 #include <boost/mpi/communicator.hpp>
 
 #include <concepts>
+#include <cstddef>
 #include <vector>
 
 namespace cohort {
@@ -52,6 +53,15 @@ concept communicator = std::move_constructible<C> &&
   { cc.split(i, i) } -> std::same_as<C>;
   c.broadcast_parameters(params, i);
   c.allreduce_grad(params, detail::reducer_archetype{}, grad_sync_options{});
+};
+
+//! A communicator that can reduce gradients while backward runs (the host strategies).
+template <class C>
+concept overlapping_communicator = communicator<C> &&
+    requires(C& c, detail::parameters_archetype& params, std::size_t i) {
+  c.start_grad_sync(params, detail::reducer_archetype{}, grad_sync_options{});
+  c.grad_ready(params, i);
+  c.wait_grad_sync();
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -74,6 +74,14 @@ struct recorded_reducer {
   }
   grad_reduction plan(dtype type, int) const { return plans[dtype_index(type)]; }
 };
+
+//! Whether a strategy reduces device memory (it says so with `static constexpr bool
+//! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
+//! host strategy exchanges buckets, and can overlap them with backward.
+template <class Strategy>
+concept gpu_strategy = requires {
+  requires Strategy::reduces_gpu_memory;
+};
 } // namespace detail
 
 //! A tensor that may be in host memory: any tensor but one whose type says it lives on the
@@ -407,7 +415,7 @@ public:
     for (const auto& slot : slots_) {
       check_gradient_location(slot.grad.location);
     }
-    if constexpr (reduces_in_buckets()) {
+    if constexpr (!detail::gpu_strategy<Strategy>) {
       reduction_.run(std::span<const detail::grad_slot>(slots_), reducer, size(),
                      [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
     } else {
@@ -425,10 +433,10 @@ public:
   //! on the layout now, so every gradient tensor must exist, with its final size, already.
   //! Needs MPI started with `MPI_THREAD_MULTIPLE` (throws `cohort::error` otherwise).
   template <parameter_set Params, reducer Reducer>
-  requires std::is_lvalue_reference_v<Params>
-      grad_sync_request<Strategy, std::remove_reference_t<Params>>
-      begin_allreduce_grad(Params&& params, const Reducer& reducer,
-                           grad_sync_options options = {}) {
+  requires(!detail::gpu_strategy<Strategy>)
+      grad_sync_request<Strategy, Params> begin_allreduce_grad(Params& params,
+                                                               const Reducer& reducer,
+                                                               grad_sync_options options = {}) {
     start_grad_sync(params, reducer, options);
     return {self(), params};
   }
@@ -436,9 +444,8 @@ public:
   //! Non-blocking `allreduce_grad`: every gradient is ready now; the buckets are reduced on
   //! cohort's thread while the caller goes on. `wait()` on the request before touching them.
   template <parameter_set Params, reducer Reducer>
-  requires std::is_lvalue_reference_v<Params>
-      grad_sync_request<Strategy, std::remove_reference_t<Params>>
-      iallreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
+  requires(!detail::gpu_strategy<Strategy>) grad_sync_request<Strategy, Params> iallreduce_grad(
+      Params& params, const Reducer& reducer, grad_sync_options options = {}) {
     start_grad_sync(params, reducer, options);
     mark_all_ready();
     return {self(), params};
@@ -447,7 +454,9 @@ public:
   //! The parts of `begin_allreduce_grad` for callers that keep no request (the optimizer
   //! wrapper): start, say which gradient is ready, wait.
   template <parameter_set Params, reducer Reducer>
-  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+  requires(!detail::gpu_strategy<Strategy>) void start_grad_sync(Params& params,
+                                                                 const Reducer& reducer,
+                                                                 grad_sync_options options = {}) {
     detail::operation_scope scope("allreduce_grad");
     require_no_pending("begin_allreduce_grad");
     require_threads();
@@ -463,7 +472,8 @@ public:
   //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
   //! does not touch until `wait_grad_sync`): for a wrapper that reduces a copy of the gradients.
   template <reducer Reducer>
-  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+  requires(!detail::gpu_strategy<Strategy>) void start_grad_sync(
+      std::span<const detail::grad_slot> slots, const Reducer& reducer) {
     detail::operation_scope scope("allreduce_grad");
     require_no_pending("begin_allreduce_grad");
     require_threads();
@@ -559,7 +569,7 @@ protected:
   //! Where this strategy's gradients may live: host memory, unless the strategy declares
   //! `static constexpr bool reduces_gpu_memory = true`.
   void check_gradient_location(memory_location location) const {
-    if constexpr (requires { requires Strategy::reduces_gpu_memory; }) {
+    if constexpr (detail::gpu_strategy<Strategy>) {
       require_device(location, "allreduce_grad");
     } else {
       require_host(location, "allreduce_grad");
@@ -749,12 +759,6 @@ private:
     detail::overlap_worker<overlap_state> worker; // last: its thread stops first
   };
 
-  static constexpr bool reduces_in_buckets() {
-    return requires(Strategy & s, tensor_view v, reduce_op op) {
-      s.exchange(v, op);
-    };
-  }
-
   static detail::bucket_limits bucketing(const communicator_options& options) {
     if constexpr (requires { Strategy::bucket_limits_for(options); }) {
       return Strategy::bucket_limits_for(options);
@@ -785,9 +789,6 @@ private:
   }
 
   void require_threads() const {
-    static_assert(reduces_in_buckets(),
-                  "cohort: this strategy reduces gradients in one call (device memory); "
-                  "overlapping with backward needs a host strategy");
     int level = MPI_THREAD_SINGLE;
     mpi::check(MPI_Query_thread(&level), "MPI_Query_thread", comm_);
     if (level < MPI_THREAD_MULTIPLE) {
