@@ -4,9 +4,11 @@
 //! Everything cohort offers for host code: include this in the trainer. GPU parts are in
 //! <cohort/cuda.hpp>, for translation units compiled by nvcc.
 
+#include <cohort/communicator/any_communicator.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
+#include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/hierarchical.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>

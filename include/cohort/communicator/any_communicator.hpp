@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cohort/communicator/dummy.hpp>
+#include <cohort/communicator/flat.hpp>
+#include <cohort/communicator/grad_sync_request.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/hierarchical.hpp>
+#include <cohort/communicator/naive.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/communicator/topology.hpp>
+#include <cohort/communicator/two_dimensional.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/parameter.hpp>
+
+#include <boost/mpi/communicator.hpp>
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! A strategy chosen at run time, by name (a flag, a config file): one `std::variant` of the
+//! strategies, each call one dispatch on it and then the strategy's own code. Models the same
+//! `communicator` concept, so `distributed_optimizer` and the rest take it as they take a strategy
+//! chosen at compile time. Each strategy names itself with `static constexpr std::string_view
+//! name`.
+template <class... Strategies>
+class basic_any_communicator {
+public:
+  using variant_type = std::variant<Strategies...>;
+
+  //! The names this type knows, in the order of its strategies.
+  static constexpr std::array<std::string_view, sizeof...(Strategies)> names = {
+      Strategies::name...};
+
+  //! The strategy called `name`, over the processes of `comm`. Collective over `comm`. Throws
+  //! `invalid_argument` listing the known names if `name` is none of them (on every rank, before
+  //! any communication, since every rank reads the same name).
+  basic_any_communicator(std::string_view name, const boost::mpi::communicator& comm,
+                         communicator_options options = {})
+      : strategy_(make(name, comm, options)) {}
+
+  //! The strategy called `name`, over all the processes (`MPI_COMM_WORLD`). Collective.
+  explicit basic_any_communicator(std::string_view name, communicator_options options = {})
+      : basic_any_communicator(name, boost::mpi::communicator(), options) {}
+
+  //! Wraps a strategy built already.
+  template <class Strategy>
+  requires(std::same_as<std::remove_cvref_t<Strategy>, Strategies> ||
+           ...) explicit basic_any_communicator(Strategy&& strategy)
+      : strategy_(std::forward<Strategy>(strategy)) {}
+
+  //! The name of the strategy inside.
+  std::string_view name() const noexcept {
+    return std::visit([](const auto& c) { return std::remove_cvref_t<decltype(c)>::name; },
+                      strategy_);
+  }
+
+  //! The known names, comma-separated (for help texts and errors).
+  static std::string known_names() {
+    std::string list;
+    for (const std::string_view n : names) {
+      list += (list.empty() ? "" : ", ");
+      list += n;
+    }
+    return list;
+  }
+
+  variant_type& variant() noexcept { return strategy_; }
+  const variant_type& variant() const noexcept { return strategy_; }
+
+  int rank() const noexcept {
+    return read([](const auto& c) { return c.rank(); });
+  }
+  int size() const noexcept {
+    return read([](const auto& c) { return c.size(); });
+  }
+  int intra_rank() const noexcept {
+    return read([](const auto& c) { return c.intra_rank(); });
+  }
+  int intra_size() const noexcept {
+    return read([](const auto& c) { return c.intra_size(); });
+  }
+  int inter_rank() const noexcept {
+    return read([](const auto& c) { return c.inter_rank(); });
+  }
+  int inter_size() const noexcept {
+    return read([](const auto& c) { return c.inter_size(); });
+  }
+  const cohort::topology& topology() const noexcept {
+    return read([](const auto& c) -> const cohort::topology& { return c.topology(); });
+  }
+  const boost::mpi::communicator& mpi_comm() const noexcept {
+    return read([](const auto& c) -> const boost::mpi::communicator& { return c.mpi_comm(); });
+  }
+  const communicator_options& options() const noexcept {
+    return read([](const auto& c) -> const communicator_options& { return c.options(); });
+  }
+
+  basic_any_communicator split(int color, int key) const {
+    return read([&](const auto& c) { return basic_any_communicator(c.split(color, key)); });
+  }
+  void barrier() const {
+    read([](const auto& c) { c.barrier(); });
+  }
+
+  // ---- tensor and object collectives: as the strategies' ----------------------------------
+
+  template <class T>
+  void allreduce(T& t, reduce_op op = reduce_op::sum) {
+    call([&](auto& c) { c.allreduce(t, op); });
+  }
+  template <class T>
+  auto iallreduce(T& t, reduce_op op = reduce_op::sum) {
+    return call([&](auto& c) { return c.iallreduce(t, op); });
+  }
+  template <class T>
+  void broadcast(T& t, int root = 0) {
+    call([&](auto& c) { c.broadcast(t, root); });
+  }
+  template <class T>
+  auto ibroadcast(T& t, int root = 0) {
+    return call([&](auto& c) { return c.ibroadcast(t, root); });
+  }
+  template <class In, class Out>
+  void allgather(const In& in, Out& out) {
+    call([&](auto& c) { c.allgather(in, out); });
+  }
+  template <class In, class Out>
+  auto iallgather(const In& in, Out& out) {
+    return call([&](auto& c) { return c.iallgather(in, out); });
+  }
+  template <class In, class Out>
+  void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
+    call([&](auto& c) { c.reduce_scatter(in, out, op); });
+  }
+  template <class T>
+  void send(const T& t, int dest, int tag = 0) {
+    call([&](auto& c) { c.send(t, dest, tag); });
+  }
+  template <class T>
+  auto isend(const T& t, int dest, int tag = 0) {
+    return call([&](auto& c) { return c.isend(t, dest, tag); });
+  }
+  template <class T>
+  void recv(T& t, int source, int tag = 0) {
+    call([&](auto& c) { c.recv(t, source, tag); });
+  }
+  template <class T>
+  auto irecv(T& t, int source, int tag = 0) {
+    return call([&](auto& c) { return c.irecv(t, source, tag); });
+  }
+
+  template <class T>
+  T bcast_obj(const T& obj, int root = 0) {
+    return call([&](auto& c) { return c.bcast_obj(obj, root); });
+  }
+  template <class T>
+  std::vector<T> gather_obj(const T& obj, int root = 0) {
+    return call([&](auto& c) { return c.gather_obj(obj, root); });
+  }
+  template <class T>
+  std::vector<T> allgather_obj(const T& obj) {
+    return call([&](auto& c) { return c.allgather_obj(obj); });
+  }
+  template <class T, class Op = std::plus<T>>
+  T allreduce_obj(const T& obj, Op op = {}) {
+    return call([&](auto& c) { return c.allreduce_obj(obj, op); });
+  }
+  template <class T>
+  void send_obj(const T& obj, int dest, int tag = 0) {
+    call([&](auto& c) { c.send_obj(obj, dest, tag); });
+  }
+  template <class T>
+  T recv_obj(int source, int tag = 0) {
+    return call([&](auto& c) { return c.template recv_obj<T>(source, tag); });
+  }
+
+  // ---- parameters and gradients ------------------------------------------------------------
+
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    call([&](auto& c) { c.broadcast_parameters(params, root); });
+  }
+  template <parameter_set Params, reducer Reducer>
+  void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
+    call([&](auto& c) { c.allreduce_grad(params, reducer, options); });
+  }
+
+  template <parameter_set Params, reducer Reducer>
+  grad_sync_request<basic_any_communicator, Params>
+  begin_allreduce_grad(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+    start_grad_sync(params, reducer, options);
+    return {*this, params};
+  }
+  template <parameter_set Params, reducer Reducer>
+  grad_sync_request<basic_any_communicator, Params>
+  iallreduce_grad(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+    start_grad_sync(params, reducer, options);
+    mark_all_ready();
+    return {*this, params};
+  }
+  template <parameter_set Params, reducer Reducer>
+  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+    call([&](auto& c) { c.start_grad_sync(params, reducer, options); });
+  }
+  template <reducer Reducer>
+  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+    call([&](auto& c) { c.start_grad_sync(slots, reducer); });
+  }
+  template <parameter_set Params>
+  void grad_ready(Params& params, std::size_t index) {
+    call([&](auto& c) { c.grad_ready(params, index); });
+  }
+  void grad_ready(std::size_t index) {
+    call([&](auto& c) { c.grad_ready(index); });
+  }
+  void mark_all_ready() {
+    call([](auto& c) { c.mark_all_ready(); });
+  }
+  void wait_grad_sync() {
+    call([](auto& c) { c.wait_grad_sync(); });
+  }
+  bool grad_sync_pending() const noexcept {
+    return read([](const auto& c) { return c.grad_sync_pending(); });
+  }
+  std::size_t bucket_buffer_bytes() const noexcept {
+    return read([](const auto& c) { return c.bucket_buffer_bytes(); });
+  }
+
+private:
+  static variant_type make(std::string_view name, const boost::mpi::communicator& comm,
+                           const communicator_options& options) {
+    std::optional<variant_type> made;
+    static_cast<void>(((name == Strategies::name &&
+                        (made.emplace(std::in_place_type<Strategies>, comm, options), true)) ||
+                       ...));
+    if (!made) {
+      std::string message = "cohort: unknown communicator strategy '" + std::string(name) +
+                            "'; the known ones are " + known_names();
+      if (name == "pure_nccl" || name == "single_node" || name == "non_cuda_aware") {
+        message +=
+            " ('" + std::string(name) +
+            "' reduces GPU memory: construct it from <cohort/nccl.hpp> or <cohort/cuda.hpp>)";
+      }
+      throw invalid_argument(message);
+    }
+    return std::move(*made);
+  }
+
+  template <class F>
+  decltype(auto) call(F&& f) {
+    return std::visit(std::forward<F>(f), strategy_);
+  }
+  template <class F>
+  decltype(auto) read(F&& f) const {
+    return std::visit(std::forward<F>(f), strategy_);
+  }
+
+  variant_type strategy_;
+};
+
+//! The host strategies by name: "naive", "flat", "hierarchical", "two_dimensional", "dummy".
+using any_communicator =
+    basic_any_communicator<naive, flat, hierarchical<>, two_dimensional<>, dummy>;
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// any_communicator: every name builds its strategy, which reduces as the strategy itself does,
+// through the same concept; an unknown name lists the known ones.
+#define BOOST_TEST_MODULE communicator.any_communicator
+#include <cohort/cohort.hpp>
+
+#include <string>
+#include <vector>
+
+#include "support/expect.hpp"
+#include "support/model.hpp"
+#include "support/mpi_test_main.hpp"
+
+using cohort::test::message_has;
+
+static_assert(cohort::communicator<cohort::any_communicator>);
+static_assert(cohort::overlapping_communicator<cohort::any_communicator>);
+
+BOOST_AUTO_TEST_CASE(every_name_reduces_as_its_strategy) {
+  const std::vector<std::string> expected = {"naive", "flat", "hierarchical", "two_dimensional",
+                                             "dummy"};
+  BOOST_TEST(cohort::any_communicator::known_names() ==
+             "naive, flat, hierarchical, two_dimensional, dummy");
+  auto oracle = cohort::make_communicator<cohort::naive>();
+  for (const std::string& name : expected) {
+    cohort::any_communicator comm(name, {.bucket_bytes = 64});
+    BOOST_TEST(comm.name() == name);
+    BOOST_TEST(comm.size() == oracle.size());
+    BOOST_TEST(comm.rank() == oracle.rank());
+    cohort::test::model<float> m(comm.size(), comm.rank());
+    cohort::test::model<float> reference(comm.size(), comm.rank());
+    comm.allreduce_grad(m.params, cohort::sum{});
+    if (name != "dummy") {
+      oracle.allreduce_grad(reference.params, cohort::sum{});
+    }
+    for (std::size_t t = 0; t < m.grads.size(); ++t) {
+      BOOST_TEST_REQUIRE(m.grads[t] == reference.grads[t], boost::test_tools::per_element());
+    }
+    // Overlap through the variant, and a split that keeps the strategy.
+    auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
+    request.ready(1);
+    request.wait();
+    const auto half = comm.split(comm.rank() % 2, comm.rank());
+    BOOST_TEST(half.name() == name);
+    BOOST_TEST(half.size() == (comm.size() + 1 - comm.rank() % 2) / 2);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_optimizer_wrapper_takes_it) {
+  cohort::any_communicator comm("flat");
+  std::vector<float> w(4, static_cast<float>(comm.rank())), g(4, 1.0f);
+  std::vector<cohort::parameter_ref<std::vector<float>>> params{{"w", &w, &g}};
+  struct sgd {
+    std::vector<float>* w;
+    std::vector<float>* g;
+    void step() {
+      for (std::size_t i = 0; i < w->size(); ++i) {
+        (*w)[i] -= (*g)[i];
+      }
+    }
+  };
+  cohort::distributed_optimizer opt{sgd{&w, &g}, comm, params};
+  opt.grad_ready(0);
+  opt.step();
+  BOOST_TEST(w == std::vector<float>(4, -1.0f), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_name_lists_the_known_ones) {
+  BOOST_CHECK_EXCEPTION(cohort::any_communicator("flatt"), cohort::invalid_argument,
+                        message_has({"unknown communicator strategy 'flatt'",
+                                     "naive, flat, hierarchical, two_dimensional, dummy"}));
+  BOOST_CHECK_EXCEPTION(cohort::any_communicator("pure_nccl"), cohort::invalid_argument,
+                        message_has({"'pure_nccl' reduces GPU memory", "<cohort/nccl.hpp>"}));
+}
