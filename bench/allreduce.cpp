@@ -21,6 +21,7 @@
 #include <cohort/cohort.hpp>
 
 #include "method.hpp"
+#include "timing.hpp"
 #if defined(COHORT_BENCH_GPU)
 #include "gpu_rows.hpp"
 #endif
@@ -226,23 +227,7 @@ struct gradient_set {
 
 using bench::method;
 
-// One sample: all ranks start together, each times its own call, and the slowest one counts.
-double time_once(MPI_Comm comm, const method& m) {
-  cohort::mpi::check(MPI_Barrier(comm), "MPI_Barrier", comm);
-  const auto start = std::chrono::steady_clock::now();
-  m.run();
-  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-  double slowest = elapsed.count();
-  cohort::mpi::check(MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm),
-                     "MPI_Allreduce (timing)", comm);
-  return slowest;
-}
-
-double median(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  const std::size_t mid = samples.size() / 2;
-  return samples.size() % 2 == 1 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
-}
+using bench::median;
 
 // Reduces rank + 1 from every rank once and checks for 1 + 2 + ... + n everywhere (exact in
 // float for any rank count this runs at). Then zeroes the buffers for timing, so that repeated
@@ -447,7 +432,7 @@ int run(int argc, char** argv) {
         // reduced: otherwise the methods sharing the gradient set find it in cache, left there by
         // the one before, and raw, alone on its buffer, does not.
         methods[k].fill(0.0f);
-        samples[k].push_back(time_once(bookkeeping, methods[k]));
+        samples[k].push_back(bench::time_once(bookkeeping, methods[k].run));
       }
     }
 

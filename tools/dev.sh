@@ -5,7 +5,8 @@
 #
 #   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
 #   tools/dev.sh test      build and run the whole test suite (what CI runs)
-#   tools/dev.sh bench     build and run bench/allreduce on 2 ranks
+#   tools/dev.sh bench [allreduce|grad_sync|overlap] [options]
+#                          build and run a benchmark (default allreduce) on 2 ranks
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
 
@@ -62,11 +63,18 @@ case "${1:-}" in
     ctest --output-on-failure -j 2 --timeout 900
     ;;
   bench)
-    deps
-    configure_and_build --target bench_allreduce
-    mpi_environment
     shift
-    mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_allreduce" "$@"
+    benchmark=allreduce
+    case "${1:-}" in
+      allreduce | grad_sync | overlap)
+        benchmark=$1
+        shift
+        ;;
+    esac
+    deps
+    configure_and_build --target "bench_$benchmark"
+    mpi_environment
+    mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"
     ;;
   *)
     sed -n '3,10p' "${BASH_SOURCE[0]}"

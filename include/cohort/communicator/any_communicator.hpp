@@ -241,6 +241,9 @@ public:
   std::size_t bucket_buffer_bytes() const noexcept {
     return read([](const auto& c) { return c.bucket_buffer_bytes(); });
   }
+  std::size_t bucket_count() const noexcept {
+    return read([](const auto& c) { return c.bucket_count(); });
+  }
 
 private:
   static variant_type make(std::string_view name, const boost::mpi::communicator& comm,

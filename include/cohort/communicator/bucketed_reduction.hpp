@@ -138,6 +138,11 @@ public:
     return bytes;
   }
 
+  //! Buckets of the current layout.
+  std::size_t bucket_count() const noexcept {
+    return current_ != nullptr ? current_->plan.buckets().size() : 0;
+  }
+
   const bucket_limits& limits() const noexcept { return limits_; }
 
 private:

@@ -57,8 +57,10 @@ concept communicator = std::move_constructible<C> &&
 
 //! A communicator that can reduce gradients while backward runs (the host strategies).
 template <class C>
-concept overlapping_communicator = communicator<C> &&
-    requires(C& c, detail::parameters_archetype& params, std::size_t i) {
+concept overlapping_communicator = communicator<C> && !requires {
+  requires C::reduces_gpu_memory;
+}
+&&requires(C& c, detail::parameters_archetype& params, std::size_t i) {
   c.start_grad_sync(params, detail::reducer_archetype{}, grad_sync_options{});
   c.grad_ready(params, i);
   c.wait_grad_sync();

@@ -74,14 +74,6 @@ struct recorded_reducer {
   }
   grad_reduction plan(dtype type, int) const { return plans[dtype_index(type)]; }
 };
-
-//! Whether a strategy reduces device memory (it says so with `static constexpr bool
-//! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
-//! host strategy exchanges buckets, and can overlap them with backward.
-template <class Strategy>
-concept gpu_strategy = requires {
-  requires Strategy::reduces_gpu_memory;
-};
 } // namespace detail
 
 //! A tensor that may be in host memory: any tensor but one whose type says it lives on the
@@ -415,9 +407,8 @@ public:
     for (const auto& slot : slots_) {
       check_gradient_location(slot.grad.location);
     }
-    if constexpr (!detail::gpu_strategy<Strategy>) {
-      reduction_.run(std::span<const detail::grad_slot>(slots_), reducer, size(),
-                     [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
+    if constexpr (!device_strategy()) {
+      reduce_buckets(reducer);
     } else {
       self().reduce_gradients(std::span<const detail::grad_slot>(slots_), reducer);
     }
@@ -433,10 +424,8 @@ public:
   //! on the layout now, so every gradient tensor must exist, with its final size, already.
   //! Needs MPI started with `MPI_THREAD_MULTIPLE` (throws `cohort::error` otherwise).
   template <parameter_set Params, reducer Reducer>
-  requires(!detail::gpu_strategy<Strategy>)
-      grad_sync_request<Strategy, Params> begin_allreduce_grad(Params& params,
-                                                               const Reducer& reducer,
-                                                               grad_sync_options options = {}) {
+  grad_sync_request<Strategy, Params> begin_allreduce_grad(Params& params, const Reducer& reducer,
+                                                           grad_sync_options options = {}) {
     start_grad_sync(params, reducer, options);
     return {self(), params};
   }
@@ -444,8 +433,8 @@ public:
   //! Non-blocking `allreduce_grad`: every gradient is ready now; the buckets are reduced on
   //! cohort's thread while the caller goes on. `wait()` on the request before touching them.
   template <parameter_set Params, reducer Reducer>
-  requires(!detail::gpu_strategy<Strategy>) grad_sync_request<Strategy, Params> iallreduce_grad(
-      Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+  grad_sync_request<Strategy, Params> iallreduce_grad(Params& params, const Reducer& reducer,
+                                                      grad_sync_options options = {}) {
     start_grad_sync(params, reducer, options);
     mark_all_ready();
     return {self(), params};
@@ -454,9 +443,8 @@ public:
   //! The parts of `begin_allreduce_grad` for callers that keep no request (the optimizer
   //! wrapper): start, say which gradient is ready, wait.
   template <parameter_set Params, reducer Reducer>
-  requires(!detail::gpu_strategy<Strategy>) void start_grad_sync(Params& params,
-                                                                 const Reducer& reducer,
-                                                                 grad_sync_options options = {}) {
+  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+    static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
     detail::operation_scope scope("allreduce_grad");
     require_no_pending("begin_allreduce_grad");
     require_threads();
@@ -472,8 +460,8 @@ public:
   //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
   //! does not touch until `wait_grad_sync`): for a wrapper that reduces a copy of the gradients.
   template <reducer Reducer>
-  requires(!detail::gpu_strategy<Strategy>) void start_grad_sync(
-      std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+    static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
     detail::operation_scope scope("allreduce_grad");
     require_no_pending("begin_allreduce_grad");
     require_threads();
@@ -559,7 +547,20 @@ public:
   //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
   std::size_t bucket_buffer_bytes() const noexcept { return reduction_.buffer_bytes(); }
 
+  //! Buckets (collectives) per step of the last layout reduced (0 for device strategies).
+  std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
+
 protected:
+  //! Whether the strategy reduces device memory (it says so with `static constexpr bool
+  //! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
+  //! host strategy exchanges buckets, and can overlap them with backward. A function, not a
+  //! concept: nvcc caches a concept's answer, and it would ask while the strategy is incomplete.
+  static constexpr bool device_strategy() {
+    return requires {
+      requires Strategy::reduces_gpu_memory;
+    };
+  }
+
   //! The communicators the gradient buckets travel on: duplicates of mpi_comm(), intra_comm()
   //! and inter_comm(), so that cohort's thread never shares a communicator with the caller's.
   const boost::mpi::communicator& grad_comm() const noexcept { return grad_world_; }
@@ -569,7 +570,7 @@ protected:
   //! Where this strategy's gradients may live: host memory, unless the strategy declares
   //! `static constexpr bool reduces_gpu_memory = true`.
   void check_gradient_location(memory_location location) const {
-    if constexpr (detail::gpu_strategy<Strategy>) {
+    if constexpr (device_strategy()) {
       require_device(location, "allreduce_grad");
     } else {
       require_host(location, "allreduce_grad");
@@ -862,6 +863,13 @@ private:
       ++o.launched;
     }
     o.worker.launch(o.launched);
+  }
+
+  // A member template, so that a device strategy (which has no `exchange`) never instantiates it.
+  template <reducer Reducer>
+  void reduce_buckets(const Reducer& reducer) {
+    reduction_.run(std::span<const detail::grad_slot>(slots_), reducer, size(),
+                   [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
   }
 
   // On cohort's thread: one bucket, after the ranks agree that none found a problem so far.

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// One full gradient synchronisation of ResNet-50 (161 float32 tensors, 25.6 M values, 102 MB):
+// naive (one all-reduce per tensor), flat with cohort's defaults, buckets of several sizes with
+// every tensor under the bucket size packed (as PyTorch DDP does), everything in one buffer (as
+// ChainerMN's flat did), and the lower bound: one raw MPI_Allreduce of the same bytes in one
+// contiguous buffer. The methods take turns within each repetition; each sample is the slowest
+// rank's time; the median is reported. Each method's result is verified before it is timed.
+//
+//   mpirun -np 4 ./bench_grad_sync [--iters 10]
+
+#include <cohort/cohort.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <boost/mpi/environment.hpp>
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "resnet50.hpp"
+#include "timing.hpp"
+
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+struct row {
+  std::string name;
+  std::string layout; // how the tensors are grouped
+  std::function<void()> run;
+  std::function<std::size_t()> collectives;
+};
+
+int run(int argc, char** argv) {
+  const boost::mpi::communicator world;
+  int iters = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--iters" && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else if (flag == "--quick") {
+      iters = 2;
+    } else {
+      if (world.rank() == 0) {
+        std::fprintf(stderr, "usage: bench_grad_sync [--iters N] [--quick]\n");
+      }
+      return 2;
+    }
+  }
+
+  bench::resnet50_replica model;
+  const std::size_t elements = model.shapes.elements();
+  std::vector<float> contiguous(elements);
+
+  // Every communicator owns its buckets; they are built once here and reused by every sample.
+  std::vector<std::unique_ptr<cohort::flat>> flats;
+  std::vector<row> rows;
+  const MPI_Comm raw_comm = world;
+  rows.push_back({"raw MPI_Allreduce", "one contiguous buffer",
+                  [&] {
+                    cohort::mpi::check(MPI_Allreduce(MPI_IN_PLACE, contiguous.data(),
+                                                     static_cast<int>(elements), MPI_FLOAT, MPI_SUM,
+                                                     raw_comm),
+                                       "MPI_Allreduce (raw)", raw_comm);
+                  },
+                  [] { return std::size_t{1}; }});
+  auto naive = std::make_unique<cohort::naive>(world);
+  rows.push_back({"naive", "one all-reduce per tensor",
+                  [&] { naive->allreduce_grad(model.params, cohort::sum{}); },
+                  [&] { return naive->bucket_count(); }});
+  const auto add_flat = [&](std::string name, std::string layout,
+                            cohort::communicator_options options) {
+    flats.push_back(std::make_unique<cohort::flat>(world, options));
+    cohort::flat* comm = flats.back().get();
+    rows.push_back({std::move(name), std::move(layout),
+                    [&model, comm] { comm->allreduce_grad(model.params, cohort::sum{}); },
+                    [comm] { return comm->bucket_count(); }});
+  };
+  add_flat("flat (defaults)", "4 MiB buckets, >= 64 KiB in place", {});
+  for (const std::size_t bucket : {1 * mib, 4 * mib, 25 * mib}) {
+    add_flat("buckets " + std::to_string(bucket / mib) + " MiB", "all packed, first bucket 1 MiB",
+             {.bucket_bytes = bucket, .fusion_threshold_bytes = bucket});
+  }
+  add_flat("one buffer", "all packed in one 98 MiB bucket (ChainerMN)",
+           {.bucket_bytes = elements * sizeof(float),
+            .first_bucket_bytes = elements * sizeof(float),
+            .fusion_threshold_bytes = elements * sizeof(float)});
+
+  // Verify: every rank gives rank + 1; the sum is n (n + 1) / 2 everywhere.
+  const int n = world.size();
+  const float expected = static_cast<float>(n) * static_cast<float>(n + 1) / 2;
+  for (const auto& r : rows) {
+    model.fill(static_cast<float>(world.rank() + 1));
+    std::fill(contiguous.begin(), contiguous.end(), static_cast<float>(world.rank() + 1));
+    r.run();
+    unsigned long long wrong =
+        r.name.starts_with("raw")
+            ? static_cast<unsigned long long>(std::count_if(contiguous.begin(), contiguous.end(),
+                                                            [&](float x) { return x != expected; }))
+            : model.count_not_equal(expected);
+    cohort::mpi::check(
+        MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, raw_comm),
+        "MPI_Allreduce (verification)", raw_comm);
+    if (wrong != 0) {
+      throw std::runtime_error(r.name + ": " + std::to_string(wrong) + " wrong elements");
+    }
+  }
+
+  std::vector<std::vector<double>> samples(rows.size());
+  for (int i = 0; i < iters; ++i) {
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      // Written first, as backward writes the gradients before they are reduced.
+      model.fill(0.0f);
+      std::fill(contiguous.begin(), contiguous.end(), 0.0f);
+      samples[k].push_back(bench::time_once(raw_comm, rows[k].run));
+    }
+  }
+
+  if (world.rank() == 0) {
+    std::printf("# cohort gradient synchronisation of ResNet-50 (bench/grad_sync.cpp)\n");
+    std::printf("# %d ranks; %zu tensors, %zu float32 values (%.1f MB); sum; median of %d runs, "
+                "each the slowest rank's time, after one verified run\n",
+                n, model.params.size(), elements, static_cast<double>(elements) * 4 / 1e6, iters);
+    std::printf("# %-18s %-45s %11s %10s %7s\n", "method", "grouping", "collectives", "time(ms)",
+                "vs raw");
+    const double raw = bench::median(samples.front());
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      const double t = bench::median(samples[k]);
+      std::printf("  %-18s %-45s %11zu %10.2f %7.2f\n", rows[k].name.c_str(),
+                  rows[k].layout.c_str(), rows[k].collectives(), t * 1e3, t / raw);
+    }
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  boost::mpi::environment env(argc, argv);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_grad_sync on rank %d: %s\n", boost::mpi::communicator().rank(),
+                 e.what());
+    return 1;
+  }
+}
