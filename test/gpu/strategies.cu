@@ -94,6 +94,19 @@ BOOST_AUTO_TEST_CASE(single_node_and_host_staged_match_the_oracle) {
   check_allreduce_grad<cohort::host_staged>(cohort::compressed<cohort::bfloat16>{}, 3e-2);
 }
 
+// NCCL inside the node, MPI between nodes (COHORT_RANKS_PER_NODE simulates several nodes; the
+// 2x2 run of this test does).
+BOOST_AUTO_TEST_CASE(two_level_strategies_on_nccl_links_match_the_oracle) {
+  using gpu_hierarchical = cohort::hierarchical<cohort::nccl_links>;
+  using gpu_two_dimensional = cohort::two_dimensional<cohort::nccl_links>;
+  check_allreduce_grad<gpu_hierarchical>(cohort::mean{}, 1e-6);
+  check_allreduce_grad<gpu_hierarchical>(cohort::sum{}, 0.0);
+  check_allreduce_grad<gpu_hierarchical>(cohort::compressed<cohort::bfloat16>{}, 3e-2);
+  check_allreduce_grad<gpu_two_dimensional>(cohort::mean{}, 1e-6);
+  check_allreduce_grad<gpu_two_dimensional>(cohort::sum{}, 0.0);
+  check_allreduce_grad<gpu_two_dimensional>(cohort::compressed<cohort::float16>{}, 4e-3);
+}
+
 BOOST_AUTO_TEST_CASE(cuda_aware_flat_matches_the_oracle_or_refuses_a_plain_mpi) {
   if (!cohort::mpi_is_cuda_aware()) {
     BOOST_CHECK_THROW(cohort::cuda_aware_flat{boost::mpi::communicator()},

@@ -22,12 +22,14 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
-//! Reduces host gradients bucket by bucket (see bucket_plan): packs each bucket into its own
-//! buffer of the reducer's wire dtype (casting and pre-scaling on the way), hands the buffer to
-//! `exchange`, and unpacks it (post-scaling); a gradient alone in an in-place bucket is scaled and
-//! exchanged where it lies. The plan and the buffers of the last few layouts are kept, keyed by
-//! the layout and the reducer, so that after the first step of each nothing is allocated. Each
-//! bucket owns its buffer so that several can be in flight at once (overlap).
+//! Reduces host gradients bucket by bucket (see bucket_plan): packs a bucket into a buffer of the
+//! reducer's wire dtype (casting and pre-scaling on the way), hands the buffer to `exchange`, and
+//! unpacks it (post-scaling); a gradient alone in an in-place bucket is scaled and exchanged where
+//! it lies. One bucket at a time (blocking), every bucket goes through one shared buffer, which
+//! stays warm in cache; with overlap, several are in flight at once, so each bucket gets a buffer
+//! of its own (made at the first overlapped step of a layout). The plans and buffers of the last
+//! few layouts are kept, keyed by the layout and the reducer, so that after the first step of
+//! each nothing is allocated.
 class bucketed_reduction {
 public:
   explicit bucketed_reduction(bucket_limits limits)
@@ -91,9 +93,18 @@ public:
   //! Whether the current layout's plan still has its order to learn.
   bool learning() const noexcept { return current_ != nullptr && !current_->learned; }
 
-  //! Reduces bucket `b` of the current plan. Not thread-safe: one bucket at a time.
+  //! Gives every packed bucket of the current plan a buffer of its own, for overlap.
+  void own_buffers() {
+    if (current_->owned.empty()) {
+      own_buffers_of(*current_);
+    }
+  }
+
+  //! Reduces bucket `b` of the current plan, in its own buffer (`own_buffers` first) or the
+  //! shared one. Not thread-safe: one bucket at a time.
   template <class Exchange>
-  void reduce_bucket(std::size_t b, std::span<const grad_slot> slots, Exchange&& exchange) {
+  void reduce_bucket(std::size_t b, std::span<const grad_slot> slots, Exchange&& exchange,
+                     bool own_buffer = false) {
     const bucket_plan& plan = current_->plan;
     const bucket& k = plan.buckets()[b];
     const auto members = plan.members(k);
@@ -110,8 +121,8 @@ public:
       sources_.push_back(slots[s].grad);
       targets_.push_back(slots[s].grad);
     }
-    const tensor_view packed{current_->buffers[b].data(), k.count, k.plan.wire,
-                             memory_location::host};
+    std::byte* buffer = own_buffer ? current_->owned[b].data() : current_->shared.data();
+    const tensor_view packed{buffer, k.count, k.plan.wire, memory_location::host};
     kernels::host::pack(sources_, packed, k.plan.pre_scale);
     exchange(packed, k.plan.op);
     kernels::host::unpack(packed, targets_, k.plan.post_scale);
@@ -131,7 +142,8 @@ public:
   std::size_t buffer_bytes() const noexcept {
     std::size_t bytes = 0;
     if (current_ != nullptr) {
-      for (const auto& buffer : current_->buffers) {
+      bytes += current_->shared.size();
+      for (const auto& buffer : current_->owned) {
         bytes += buffer.size();
       }
     }
@@ -155,19 +167,34 @@ private:
     std::uint64_t used = 0;
     bool learned = false;
     bucket_plan plan;
-    std::vector<std::vector<std::byte>> buffers;
+    std::vector<std::byte> shared;             // the largest packed bucket
+    std::vector<std::vector<std::byte>> owned; // one per bucket, once overlap is used
   };
 
   template <reducer Reducer>
   void build(entry& e, std::span<const grad_slot> slots, std::span<const std::size_t> order,
              const Reducer& reducer, int ranks) {
     e.plan.build(slots, order, reducer, ranks, limits_);
+    std::size_t largest = 0;
+    for (const auto& b : e.plan.buckets()) {
+      largest = std::max(largest, b.in_place ? 0 : b.count * size_of(b.plan.wire));
+    }
+    e.shared.resize(largest);
+    e.shared.shrink_to_fit();
+    const bool overlapped = !e.owned.empty();
+    e.owned.clear();
+    if (overlapped) {
+      own_buffers_of(e);
+    }
+  }
+
+  static void own_buffers_of(entry& e) {
     const auto buckets = e.plan.buckets();
-    e.buffers.resize(buckets.size());
+    e.owned.resize(buckets.size());
     for (std::size_t b = 0; b < buckets.size(); ++b) {
-      e.buffers[b].resize(buckets[b].in_place ? 0
-                                              : buckets[b].count * size_of(buckets[b].plan.wire));
-      e.buffers[b].shrink_to_fit();
+      if (!buckets[b].in_place) {
+        e.owned[b].resize(buckets[b].count * size_of(buckets[b].plan.wire));
+      }
     }
   }
 

@@ -7,6 +7,7 @@
 #include <cohort/config.hpp>
 
 #include <string_view>
+#include <type_traits>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -15,8 +16,13 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! hierarchical): each fused buffer is reduced to the node's first rank over `Intra`, all-reduced
 //! among the nodes' first ranks over `Inter`, and broadcast back inside the node over `Intra`.
 //! Only one rank per node uses the network. Nodes may differ in size.
-template <links Intra = mpi_links, links Inter = mpi_links>
+template <class Intra = mpi_links, class Inter = mpi_links>
 class hierarchical : public mpi_communicator<hierarchical<Intra, Inter>> {
+  static_assert(
+      !std::is_same_v<Intra, nccl_links>,
+      "cohort: hierarchical<nccl_links, ...> reduces GPU memory: include <cohort/nccl.hpp> "
+      "in a translation unit compiled by nvcc");
+  static_assert(links<Intra> && links<Inter>, "cohort: Intra and Inter must model cohort::links");
   using base = mpi_communicator<hierarchical<Intra, Inter>>;
 
 public:

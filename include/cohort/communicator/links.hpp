@@ -21,6 +21,13 @@ concept links = requires(MPI_Comm comm, tensor_view data, reduce_op op, int root
   L::allreduce(comm, data, op);
 };
 
+//! NCCL inside a node, on device memory: `hierarchical<nccl_links, Inter>` and
+//! `two_dimensional<nccl_links, Inter>` reduce GPU gradients with NCCL inside the node and stage
+//! what crosses nodes through pinned host memory for `Inter` (ChainerMN's hierarchical and
+//! two_dimensional on GPUs). A tag: the strategies that use it are in
+//! <cohort/communicator/nccl_two_level.hpp> (nvcc, through <cohort/nccl.hpp>).
+struct nccl_links {};
+
 //! MPI on host memory.
 struct mpi_links {
   static void reduce(MPI_Comm comm, tensor_view data, reduce_op op, int root) {

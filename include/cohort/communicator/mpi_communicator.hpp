@@ -816,6 +816,7 @@ private:
     o.reducer = detail::recorded_reducer(reducer, size());
     const detail::bucket_plan& plan =
         reduction_.prepare(std::span<const detail::grad_slot>(slots_), o.reducer, size());
+    reduction_.own_buffers();
     o.ready.assign(slots_.size(), 0);
     o.remaining.clear();
     for (const auto& b : plan.buckets()) {
@@ -880,7 +881,8 @@ private:
     }
     reduction_.reduce_bucket(
         b, std::span<const detail::grad_slot>(slots_),
-        [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
+        [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); },
+        /*own_buffer=*/true);
   }
 
   boost::mpi::communicator comm_;

@@ -275,9 +275,16 @@ protected:
     }
     enqueue("allreduce_grad", [&](const nccl::communicator& c, cudaStream_t s) {
       fused_.run(slots, reducer, this->size(), s, [&](tensor_view packed, reduce_op op) {
-        nccl::allreduce(c, packed.data, packed.data, packed.count, packed.type, op, s);
+        static_cast<Strategy&>(*this).exchange_bucket(c, packed, op, s);
       });
     });
+  }
+
+  //! How one packed buffer of gradients is reduced over all ranks, on stream `s`: one NCCL
+  //! all-reduce. The two-level strategies hide it with their own.
+  void exchange_bucket(const nccl::communicator& c, tensor_view packed, reduce_op op,
+                       cudaStream_t s) {
+    nccl::allreduce(c, packed.data, packed.data, packed.count, packed.type, op, s);
   }
 
   //! The NCCL communicator, created at the first call on the current device.

@@ -13,35 +13,52 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+
+namespace detail {
+//! Throws on every rank unless every node has as many ranks (collective): the shards of rank i
+//! must line up across nodes.
+template <class Communicator>
+void require_equal_node_sizes(const Communicator& comm, std::string_view strategy) {
+  int sizes[2] = {comm.intra_size(), -comm.intra_size()};
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm.mpi_comm()),
+             "MPI_Allreduce (node sizes)", comm.mpi_comm());
+  if (sizes[0] != -sizes[1]) {
+    throw invalid_argument("cohort: " + std::string(strategy) + " on rank " +
+                           std::to_string(comm.rank()) + ": the nodes have between " +
+                           std::to_string(-sizes[1]) + " and " + std::to_string(sizes[0]) +
+                           " ranks; " + std::string(strategy) +
+                           " needs the same number on every node (use hierarchical)");
+  }
+}
+} // namespace detail
 
 //! Two dimensions, for nodes with several network links (ChainerMN's two_dimensional): each bucket
 //! is reduce-scattered inside the node (a ring over the node's ranks), every rank then
 //! all-reduces its own shard across the nodes over `Inter`, in parallel with the node's other
 //! ranks, and the shards are all-gathered inside the node. Every rank uses the network, each for
 //! 1/(ranks per node) of the bytes. The nodes must have the same number of ranks (the shards of
-//! rank i must line up across nodes): otherwise construction throws on every rank.
-template <links Inter = mpi_links>
-class two_dimensional : public mpi_communicator<two_dimensional<Inter>> {
-  using base = mpi_communicator<two_dimensional<Inter>>;
+//! rank i must line up across nodes): otherwise construction throws on every rank. `Intra` is
+//! `mpi_links` (cohort's ring on MPI) here, or `nccl_links` on GPUs (<cohort/nccl.hpp>).
+template <class Intra = mpi_links, class Inter = mpi_links>
+class two_dimensional : public mpi_communicator<two_dimensional<Intra, Inter>> {
+  static_assert(!std::is_same_v<Intra, nccl_links>,
+                "cohort: two_dimensional<nccl_links, ...> reduces GPU memory: include "
+                "<cohort/nccl.hpp> in a translation unit compiled by nvcc");
+  static_assert(std::is_same_v<Intra, mpi_links>,
+                "cohort: on host memory, two_dimensional's rings inside the node run on MPI");
+  static_assert(links<Inter>, "cohort: Inter must model cohort::links");
+  using base = mpi_communicator<two_dimensional<Intra, Inter>>;
 
 public:
   static constexpr std::string_view name = "two_dimensional";
 
   explicit two_dimensional(const boost::mpi::communicator& comm, communicator_options options = {})
       : base(comm, options) {
-    int sizes[2] = {this->intra_size(), -this->intra_size()};
-    mpi::check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, this->mpi_comm()),
-               "MPI_Allreduce (node sizes)", this->mpi_comm());
-    if (sizes[0] != -sizes[1]) {
-      throw invalid_argument("cohort: two_dimensional on rank " + std::to_string(this->rank()) +
-                             ": the nodes have between " + std::to_string(-sizes[1]) + " and " +
-                             std::to_string(sizes[0]) +
-                             " ranks; two_dimensional needs the same number on every node (use "
-                             "hierarchical)");
-    }
+    detail::require_equal_node_sizes(*this, "two_dimensional");
   }
 
 private:

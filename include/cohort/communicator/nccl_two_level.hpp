@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// hierarchical<nccl_links, Inter> and two_dimensional<nccl_links, Inter>: the two-level
+// strategies on GPU memory, as ChainerMN's hierarchical and two_dimensional were. Inside the node,
+// NCCL on a communicator of the node's ranks; between nodes, `Inter` (MPI on host memory) on a
+// copy staged through pinned memory. Everything else (device collectives over all ranks, the
+// parameter broadcast, host tensors, objects) is nccl_strategy's.
+
+#if !defined(__CUDACC__)
+#error                                                                                             \
+    "<cohort/communicator/nccl_two_level.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/nccl.hpp>"
+#endif
+
+#include <cohort/algorithm/ring.hpp>
+#include <cohort/communicator/gpu_options.hpp>
+#include <cohort/communicator/hierarchical.hpp>
+#include <cohort/communicator/links.hpp>
+#include <cohort/communicator/nccl_strategy.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/communicator/two_dimensional.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/cuda.hpp>
+#include <cohort/transport/mpi.hpp>
+#include <cohort/transport/nccl.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+//! What both GPU two-level strategies share: the NCCL communicator of the node (made at the first
+//! gradient reduction, on the device current then), and the staging of a device range through
+//! pinned host memory for an `Inter` reduction.
+template <class Strategy, class Inter>
+class nccl_two_level : public nccl_strategy<Strategy> {
+  static_assert(links<Inter>, "cohort: Inter must model cohort::links");
+  using base = nccl_strategy<Strategy>;
+
+public:
+  nccl_two_level(const boost::mpi::communicator& comm, communicator_options options,
+                 gpu_options gpu)
+      : base(comm, options, gpu) {}
+
+  //! Destroys both NCCL communicators (the node's and all ranks'). Idempotent.
+  void finalize() {
+    if (intra_) {
+      intra_->destroy();
+    }
+    base::finalize();
+  }
+  //! Aborts both NCCL communicators, abandoning their pending work.
+  void abort() noexcept {
+    if (intra_) {
+      intra_->abort();
+    }
+    base::abort();
+  }
+
+protected:
+  //! The NCCL communicator of this node's ranks.
+  const nccl::communicator& intra_nccl() {
+    if (!intra_) {
+      intra_.emplace(this->intra_comm());
+    }
+    return *intra_;
+  }
+
+  //! All-reduces `part` (device memory, queued on `s`) over `comm` with `Inter`: copied to pinned
+  //! memory, reduced there once the copy is done (waited for with the time limit), copied back.
+  void staged_allreduce(MPI_Comm comm, tensor_view part, reduce_op op, cudaStream_t s) {
+    if (part.count == 0) {
+      return;
+    }
+    if (pinned_.size() < part.size_bytes()) {
+      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); // copies still read it
+    }
+    void* host = pinned_.reserve(part.size_bytes());
+    cuda::check(cudaMemcpyAsync(host, part.data, part.size_bytes(), cudaMemcpyDeviceToHost, s),
+                "cudaMemcpyAsync (device to host)");
+    copied_.record(s);
+    if (this->gpu().timeout.count() > 0) {
+      intra_->wait(copied_, this->gpu().timeout, "allreduce_grad");
+    } else {
+      copied_.synchronize();
+    }
+    Inter::allreduce(comm, {host, part.count, part.type, memory_location::host}, op);
+    cuda::check(cudaMemcpyAsync(part.data, host, part.size_bytes(), cudaMemcpyHostToDevice, s),
+                "cudaMemcpyAsync (host to device)");
+  }
+
+private:
+  cuda::pinned_buffer pinned_;
+  cuda::event copied_;
+  // Declared last, destroyed first: its work ends before the buffers it reads are freed.
+  std::optional<nccl::communicator> intra_;
+};
+
+} // namespace detail
+
+//! ChainerMN's hierarchical on GPUs: each packed buffer of gradients is reduced to the node's
+//! first rank with NCCL, all-reduced among the nodes' first ranks with `Inter` (MPI, staged
+//! through pinned host memory), and broadcast back inside the node with NCCL. Only one rank per
+//! node uses the network. Nodes may differ in size.
+template <class Inter>
+class hierarchical<nccl_links, Inter>
+    : public detail::nccl_two_level<hierarchical<nccl_links, Inter>, Inter> {
+  using base = detail::nccl_two_level<hierarchical<nccl_links, Inter>, Inter>;
+
+public:
+  static constexpr std::string_view name = "hierarchical";
+
+  explicit hierarchical(const boost::mpi::communicator& comm, communicator_options options = {},
+                        gpu_options gpu = {})
+      : base(comm, options, gpu) {}
+
+  void exchange_bucket(const nccl::communicator&, tensor_view packed, reduce_op op,
+                       cudaStream_t s) {
+    const nccl::communicator& intra = this->intra_nccl();
+    nccl::reduce(intra, packed.data, packed.data, packed.count, packed.type, op, 0, s);
+    if (this->intra_rank() == 0) {
+      // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
+      this->staged_allreduce(this->inter_comm(), packed, op, s);
+    }
+    nccl::broadcast(intra, packed.data, packed.count, packed.type, 0, s);
+  }
+};
+
+//! ChainerMN's two_dimensional on GPUs: each packed buffer is reduce-scattered inside the node
+//! with NCCL (block i to the node's rank i), every rank all-reduces its block across the nodes
+//! with `Inter` (MPI, staged through pinned host memory), in parallel with the node's other ranks,
+//! and the blocks are all-gathered inside the node with NCCL. The blocks follow
+//! algorithm::ring_block, so any count works. The nodes must have the same number of ranks.
+template <class Inter>
+class two_dimensional<nccl_links, Inter>
+    : public detail::nccl_two_level<two_dimensional<nccl_links, Inter>, Inter> {
+  using base = detail::nccl_two_level<two_dimensional<nccl_links, Inter>, Inter>;
+
+public:
+  static constexpr std::string_view name = "two_dimensional";
+
+  explicit two_dimensional(const boost::mpi::communicator& comm, communicator_options options = {},
+                           gpu_options gpu = {})
+      : base(comm, options, gpu) {
+    detail::require_equal_node_sizes(*this, "two_dimensional");
+  }
+
+  void exchange_bucket(const nccl::communicator&, tensor_view packed, reduce_op op,
+                       cudaStream_t s) {
+    const nccl::communicator& intra = this->intra_nccl();
+    const int k = this->intra_size();
+    const auto block = [&](int i) {
+      const auto [begin, count] = algorithm::ring_block(packed.count, k, i);
+      return tensor_view{static_cast<std::byte*>(packed.data) + begin * size_of(packed.type), count,
+                         packed.type, packed.location};
+    };
+    {
+      // Block i reduced to rank i: a reduce-scatter with blocks of unequal sizes.
+      nccl::group_guard group;
+      for (int i = 0; i < k; ++i) {
+        const tensor_view b = block(i);
+        nccl::reduce(intra, b.data, b.data, b.count, b.type, op, i, s);
+      }
+      group.end();
+    }
+    this->staged_allreduce(this->inter_comm(), block(this->intra_rank()), op, s);
+    nccl::group_guard group;
+    for (int i = 0; i < k; ++i) {
+      const tensor_view b = block(i);
+      nccl::broadcast(intra, b.data, b.count, b.type, i, s);
+    }
+    group.end();
+  }
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
