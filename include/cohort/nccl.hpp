@@ -9,6 +9,7 @@
     "<cohort/nccl.hpp> is for translation units compiled by nvcc; in host code include <cohort/cohort.hpp> (and <cohort/transport/nccl.hpp> for the NCCL bindings)"
 #endif
 
+#include <cohort/communicator/any_gpu_communicator.hpp>
 #include <cohort/communicator/nccl_two_level.hpp>
 #include <cohort/communicator/pure_nccl.hpp>
 #include <cohort/communicator/single_node.hpp>

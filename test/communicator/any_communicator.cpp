@@ -70,5 +70,7 @@ BOOST_AUTO_TEST_CASE(an_unknown_name_lists_the_known_ones) {
                         message_has({"unknown communicator strategy 'flatt'",
                                      "naive, flat, hierarchical, two_dimensional, dummy"}));
   BOOST_CHECK_EXCEPTION(cohort::any_communicator("pure_nccl"), cohort::invalid_argument,
-                        message_has({"'pure_nccl' reduces GPU memory", "<cohort/nccl.hpp>"}));
+                        message_has({"'pure_nccl' reduces GPU memory", "any_gpu_communicator"}));
+  BOOST_CHECK_EXCEPTION(cohort::any_communicator("non_cuda_aware"), cohort::invalid_argument,
+                        message_has({"cohort's host_staged"}));
 }

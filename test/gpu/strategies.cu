@@ -107,6 +107,32 @@ BOOST_AUTO_TEST_CASE(two_level_strategies_on_nccl_links_match_the_oracle) {
   check_allreduce_grad<gpu_two_dimensional>(cohort::compressed<cohort::float16>{}, 4e-3);
 }
 
+static_assert(cohort::communicator<cohort::any_gpu_communicator>);
+static_assert(!cohort::overlapping_communicator<cohort::any_gpu_communicator>);
+
+BOOST_AUTO_TEST_CASE(any_gpu_communicator_by_name) {
+  BOOST_CHECK_EQUAL(
+      cohort::any_gpu_communicator::known_names(),
+      "pure_nccl, single_node, hierarchical, two_dimensional, host_staged, cuda_aware_flat");
+  for (const char* name : {"pure_nccl", "hierarchical", "two_dimensional", "host_staged"}) {
+    cohort::any_gpu_communicator comm(name);
+    BOOST_CHECK_EQUAL(std::string(comm.name()), name);
+    device_array<float> grad(std::vector<float>(5, static_cast<float>(comm.rank())));
+    device_array<float> value(std::vector<float>(5));
+    cohort::device_span<float> g = grad.span(), v = value.span();
+    std::vector<cohort::parameter_ref<cohort::device_span<float>>> params{{"w", &v, &g}};
+    comm.allreduce_grad(params, cohort::sum{});
+    const float expected = static_cast<float>(comm.size() * (comm.size() - 1) / 2);
+    expect_equal(grad.read(), std::vector<float>(5, expected));
+  }
+  try {
+    cohort::any_gpu_communicator("non_cuda_aware");
+    BOOST_ERROR("an unknown name was accepted");
+  } catch (const cohort::invalid_argument& e) {
+    BOOST_CHECK(std::string(e.what()).find("cohort's host_staged") != std::string::npos);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(cuda_aware_flat_matches_the_oracle_or_refuses_a_plain_mpi) {
   if (!cohort::mpi_is_cuda_aware()) {
     BOOST_CHECK_THROW(cohort::cuda_aware_flat{boost::mpi::communicator()},

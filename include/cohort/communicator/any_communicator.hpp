@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cohort/communicator/concepts.hpp>
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
@@ -21,7 +22,6 @@
 #include <concepts>
 #include <cstddef>
 #include <functional>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,6 +79,9 @@ public:
     }
     return list;
   }
+
+  //! Whether every strategy inside can overlap the reduction with backward (the host ones).
+  static constexpr bool overlapping = (overlapping_communicator<Strategies> && ...);
 
   variant_type& variant() noexcept { return strategy_; }
   const variant_type& variant() const noexcept { return strategy_; }
@@ -202,37 +205,39 @@ public:
   }
 
   template <parameter_set Params, reducer Reducer>
-  grad_sync_request<basic_any_communicator, Params>
+  requires overlapping grad_sync_request<basic_any_communicator, Params>
   begin_allreduce_grad(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
     start_grad_sync(params, reducer, options);
     return {*this, params};
   }
   template <parameter_set Params, reducer Reducer>
-  grad_sync_request<basic_any_communicator, Params>
+  requires overlapping grad_sync_request<basic_any_communicator, Params>
   iallreduce_grad(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
     start_grad_sync(params, reducer, options);
     mark_all_ready();
     return {*this, params};
   }
   template <parameter_set Params, reducer Reducer>
-  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
+  requires overlapping void start_grad_sync(Params& params, const Reducer& reducer,
+                                            grad_sync_options options = {}) {
     call([&](auto& c) { c.start_grad_sync(params, reducer, options); });
   }
   template <reducer Reducer>
-  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+  requires overlapping void start_grad_sync(std::span<const detail::grad_slot> slots,
+                                            const Reducer& reducer) {
     call([&](auto& c) { c.start_grad_sync(slots, reducer); });
   }
   template <parameter_set Params>
-  void grad_ready(Params& params, std::size_t index) {
+  requires overlapping void grad_ready(Params& params, std::size_t index) {
     call([&](auto& c) { c.grad_ready(params, index); });
   }
-  void grad_ready(std::size_t index) {
+  void grad_ready(std::size_t index) requires overlapping {
     call([&](auto& c) { c.grad_ready(index); });
   }
-  void mark_all_ready() {
+  void mark_all_ready() requires overlapping {
     call([](auto& c) { c.mark_all_ready(); });
   }
-  void wait_grad_sync() {
+  void wait_grad_sync() requires overlapping {
     call([](auto& c) { c.wait_grad_sync(); });
   }
   bool grad_sync_pending() const noexcept {
@@ -246,23 +251,31 @@ public:
   }
 
 private:
+  // Built in place in the variant (no move of a strategy): the first alternative whose name
+  // matches.
+  template <std::size_t I = 0>
   static variant_type make(std::string_view name, const boost::mpi::communicator& comm,
                            const communicator_options& options) {
-    std::optional<variant_type> made;
-    static_cast<void>(((name == Strategies::name &&
-                        (made.emplace(std::in_place_type<Strategies>, comm, options), true)) ||
-                       ...));
-    if (!made) {
+    if constexpr (I == sizeof...(Strategies)) {
       std::string message = "cohort: unknown communicator strategy '" + std::string(name) +
                             "'; the known ones are " + known_names();
-      if (name == "pure_nccl" || name == "single_node" || name == "non_cuda_aware") {
+      if (name == "non_cuda_aware") {
+        message += " (ChainerMN's non_cuda_aware is cohort's host_staged, a strategy of "
+                   "cohort::any_gpu_communicator)";
+      } else if (name == "pure_nccl" || name == "single_node" || name == "host_staged" ||
+                 name == "cuda_aware_flat") {
         message +=
             " ('" + std::string(name) +
-            "' reduces GPU memory: construct it from <cohort/nccl.hpp> or <cohort/cuda.hpp>)";
+            "' reduces GPU memory: use cohort::any_gpu_communicator, from <cohort/nccl.hpp>)";
       }
       throw invalid_argument(message);
+    } else {
+      using strategy = std::variant_alternative_t<I, variant_type>;
+      if (name == strategy::name) {
+        return variant_type(std::in_place_index<I>, comm, options);
+      }
+      return make<I + 1>(name, comm, options);
     }
-    return std::move(*made);
   }
 
   template <class F>

@@ -47,6 +47,8 @@ class cuda_aware_flat : public mpi_communicator<cuda_aware_flat> {
   using base = mpi_communicator<cuda_aware_flat>;
 
 public:
+  static constexpr std::string_view name = "cuda_aware_flat";
+
   explicit cuda_aware_flat(const boost::mpi::communicator& comm, communicator_options options = {})
       : base(comm, options) {
     // Every rank runs the same MPI library: every rank throws alike.

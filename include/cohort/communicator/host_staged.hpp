@@ -37,6 +37,8 @@ class host_staged : public mpi_communicator<host_staged> {
   using base = mpi_communicator<host_staged>;
 
 public:
+  static constexpr std::string_view name = "host_staged";
+
   explicit host_staged(const boost::mpi::communicator& comm, communicator_options options = {})
       : base(comm, options) {}
 

@@ -13,6 +13,8 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <string_view>
+
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
@@ -22,6 +24,8 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! since v6.
 class pure_nccl : public detail::nccl_strategy<pure_nccl> {
 public:
+  static constexpr std::string_view name = "pure_nccl";
+
   explicit pure_nccl(const boost::mpi::communicator& comm, communicator_options options = {},
                      gpu_options gpu = {})
       : detail::nccl_strategy<pure_nccl>(comm, options, gpu) {}

@@ -15,6 +15,7 @@
 #include <boost/mpi/communicator.hpp>
 
 #include <string>
+#include <string_view>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -23,6 +24,8 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! span machines. Constructing it across nodes is an error on every rank, naming the node count.
 class single_node : public detail::nccl_strategy<single_node> {
 public:
+  static constexpr std::string_view name = "single_node";
+
   explicit single_node(const boost::mpi::communicator& comm, communicator_options options = {},
                        gpu_options gpu = {})
       : detail::nccl_strategy<single_node>(comm, options, gpu) {
