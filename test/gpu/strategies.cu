@@ -176,8 +176,10 @@ BOOST_AUTO_TEST_CASE(device_tensor_collectives) {
   expect_equal(y.read(), std::vector<float>(9, 2.0f * static_cast<float>(n)));
 }
 
-BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
-  auto comm = make<cohort::pure_nccl>();
+namespace {
+template <class Strategy>
+void check_broadcast_parameters() {
+  auto comm = make<Strategy>();
   device_array<float> w(std::vector<float>(10, static_cast<float>(comm.rank())));
   device_array<float> g(std::vector<float>(10));
   auto w_view = w.span();
@@ -185,6 +187,15 @@ BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
   std::vector<cohort::parameter_ref<cohort::device_span<float>>> params{{"w", &w_view, &g_view}};
   comm.broadcast_parameters(params, comm.size() - 1);
   expect_equal(w.read(), std::vector<float>(10, static_cast<float>(comm.size() - 1)));
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
+  check_broadcast_parameters<cohort::pure_nccl>();
+  // Staged through host memory: the two-level strategies create no NCCL communicator over all
+  // ranks.
+  check_broadcast_parameters<cohort::hierarchical<cohort::nccl_links>>();
+  check_broadcast_parameters<cohort::two_dimensional<cohort::nccl_links>>();
 }
 
 BOOST_AUTO_TEST_CASE(a_collective_one_rank_never_joins_times_out_instead_of_hanging) {

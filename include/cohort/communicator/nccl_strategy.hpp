@@ -36,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -273,22 +274,30 @@ protected:
     for (const auto& slot : slots) {
       check_device(slot.grad.data, slot.name);
     }
-    enqueue("allreduce_grad", [&](const nccl::communicator& c, cudaStream_t s) {
-      fused_.run(slots, reducer, this->size(), s, [&](tensor_view packed, reduce_op op) {
-        static_cast<Strategy&>(*this).exchange_bucket(c, packed, op, s);
-      });
-    });
+    Strategy& self = static_cast<Strategy&>(*this);
+    enqueue_on(self.bucket_comm(), "allreduce_grad",
+               [&](const nccl::communicator& c, cudaStream_t s) {
+                 fused_.run(slots, reducer, this->size(), s, [&](tensor_view packed, reduce_op op) {
+                   self.exchange_bucket(c, packed, op, s);
+                 });
+               });
   }
 
-  //! How one packed buffer of gradients is reduced over all ranks, on stream `s`: one NCCL
-  //! all-reduce. The two-level strategies hide it with their own.
+  //! The NCCL communicator the gradient buckets travel on (all ranks'), and how one packed buffer
+  //! of gradients is reduced over all ranks on it, on stream `s`: one NCCL all-reduce. The
+  //! two-level strategies hide both with their own (the node's communicator), so that they never
+  //! create a communicator over all ranks for gradients (ChainerMN's did, and failed to start
+  //! above a few hundred ranks).
+  nccl::communicator& bucket_comm() { return world_comm(); }
   void exchange_bucket(const nccl::communicator& c, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
     nccl::allreduce(c, packed.data, packed.data, packed.count, packed.type, op, s);
   }
 
-  //! The NCCL communicator, created at the first call on the current device.
-  const nccl::communicator& nccl_comm() {
+  //! The NCCL communicator over all ranks, created at the first call on the current device.
+  const nccl::communicator& nccl_comm() { return world_comm(); }
+
+  nccl::communicator& world_comm() {
     if (finalized_) {
       throw error("cohort: device collective on rank " + std::to_string(this->rank()) +
                   " after finalize()");
@@ -304,13 +313,18 @@ private:
   // time limit (aborting NCCL on timeout or asynchronous error), unless the limit is zero.
   template <class Work>
   void enqueue(std::string_view operation, Work&& work) {
-    const nccl::communicator& c = nccl_comm();
+    enqueue_on(world_comm(), operation, std::forward<Work>(work));
+  }
+
+  // The same on a given communicator, which the time limit aborts.
+  template <class Work>
+  void enqueue_on(nccl::communicator& c, std::string_view operation, Work&& work) {
     const cuda::device_guard on(c.device());
     const cudaStream_t s = streams_.begin();
-    work(c, s);
+    work(static_cast<const nccl::communicator&>(c), s);
     const cuda::event& done = streams_.end();
     if (gpu_.timeout.count() > 0) {
-      nccl_->wait(done, gpu_.timeout, operation);
+      c.wait(done, gpu_.timeout, operation);
     }
   }
 

@@ -22,6 +22,7 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
 #include <cohort/transport/mpi.hpp>
@@ -34,6 +35,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -67,9 +70,55 @@ public:
     base::abort();
   }
 
+  //! Copies every parameter's value from `root`, staged through host memory and MPI: the only
+  //! NCCL communicator these strategies create is the node's (a device collective over all
+  //! ranks would create a second one, over every rank). Once per training run, so the copies
+  //! and the extra host buffers cost nothing per step.
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    std::vector<std::string> names;
+    std::vector<tensor_view> values;
+    for (auto&& p : params) {
+      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+      names.emplace_back(traits::name(p));
+      values.push_back(make_view(traits::value(p), names.back()));
+    }
+    std::vector<std::vector<std::byte>> copies(values.size());
+    std::vector<tensor_view> staged(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      staged[i] = values[i];
+      if (values[i].location != memory_location::host && values[i].count != 0) {
+        copies[i].resize(values[i].size_bytes());
+        staged[i].data = copies[i].data();
+        staged[i].location = memory_location::host;
+        if (this->rank() == root) {
+          cuda::check(cudaMemcpy(copies[i].data(), values[i].data, copies[i].size(),
+                                 cudaMemcpyDeviceToHost),
+                      "cudaMemcpy (device to host)");
+        }
+      }
+    }
+    std::vector<parameter_ref<tensor_view>> host_params;
+    host_params.reserve(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      host_params.push_back({names[i], &staged[i], nullptr});
+    }
+    mpi_communicator<Strategy>::broadcast_parameters(host_params, root);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (!copies[i].empty() && this->rank() != root) {
+        cuda::check(
+            cudaMemcpy(values[i].data, copies[i].data(), copies[i].size(), cudaMemcpyHostToDevice),
+            "cudaMemcpy (host to device)");
+      }
+    }
+  }
+
 protected:
-  //! The NCCL communicator of this node's ranks.
-  const nccl::communicator& intra_nccl() {
+  friend nccl_strategy<Strategy>;
+
+  //! The gradients travel on the NCCL communicator of this node's ranks, made at the first
+  //! reduction on the device current then.
+  nccl::communicator& bucket_comm() {
     if (!intra_) {
       intra_.emplace(this->intra_comm());
     }
@@ -124,9 +173,12 @@ public:
                         gpu_options gpu = {})
       : base(comm, options, gpu) {}
 
-  void exchange_bucket(const nccl::communicator&, tensor_view packed, reduce_op op,
+private:
+  friend detail::nccl_strategy<hierarchical>;
+
+  // On the node's communicator (bucket_comm).
+  void exchange_bucket(const nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
-    const nccl::communicator& intra = this->intra_nccl();
     nccl::reduce(intra, packed.data, packed.data, packed.count, packed.type, op, 0, s);
     if (this->intra_rank() == 0) {
       // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
@@ -155,9 +207,12 @@ public:
     detail::require_equal_node_sizes(*this, "two_dimensional");
   }
 
-  void exchange_bucket(const nccl::communicator&, tensor_view packed, reduce_op op,
+private:
+  friend detail::nccl_strategy<two_dimensional>;
+
+  // On the node's communicator (bucket_comm).
+  void exchange_bucket(const nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
-    const nccl::communicator& intra = this->intra_nccl();
     const int k = this->intra_size();
     const auto block = [&](int i) {
       const auto [begin, count] = algorithm::ring_block(packed.count, k, i);
