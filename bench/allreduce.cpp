@@ -20,6 +20,7 @@
 #include <cohort/algorithm/ring.hpp>
 #include <cohort/cohort.hpp>
 
+#include "gradient_set.hpp"
 #include "method.hpp"
 #include "timing.hpp"
 #if defined(COHORT_BENCH_GPU)
@@ -188,43 +189,7 @@ settings parse(int argc, char** argv) {
   return s;
 }
 
-using float_param = cohort::parameter_ref<std::vector<float>>;
-
-// A model's gradients as a trainer holds them: each parameter a value and a gradient vector.
-// The values are never read by allreduce_grad but must be there with the right size, as in a
-// model. `params` points into the other two, which are not resized after it is built.
-struct gradient_set {
-  std::vector<std::vector<float>> values;
-  std::vector<std::vector<float>> grads;
-  std::vector<float_param> params;
-
-  gradient_set(std::size_t elements, std::size_t per_tensor) {
-    for (std::size_t begin = 0; begin < elements; begin += per_tensor) {
-      const std::size_t n = std::min(per_tensor, elements - begin);
-      values.emplace_back(n, 0.0f);
-      grads.emplace_back(n, 0.0f);
-    }
-    params.reserve(grads.size());
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      params.push_back({"layer" + std::to_string(i), &values[i], &grads[i]});
-    }
-  }
-
-  void fill(float x) {
-    for (auto& g : grads) {
-      std::fill(g.begin(), g.end(), x);
-    }
-  }
-  std::size_t count_not_equal(float x) const {
-    std::size_t wrong = 0;
-    for (const auto& g : grads) {
-      wrong += static_cast<std::size_t>(
-          std::count_if(g.begin(), g.end(), [x](float y) { return y != x; }));
-    }
-    return wrong;
-  }
-};
-
+using bench::gradient_set;
 using bench::method;
 
 using bench::median;
@@ -356,7 +321,8 @@ int run(int argc, char** argv) {
        bytes = bytes > s.max_bytes / 2 ? s.max_bytes + 1 : bytes * 2) {
     const std::size_t elements = bytes / sizeof(float);
     std::vector<float> contiguous(elements, 0.0f);
-    gradient_set grads(elements, std::max<std::size_t>(1, s.tensor_bytes / sizeof(float)));
+    auto grads =
+        gradient_set::uniform(elements, std::max<std::size_t>(1, s.tensor_bytes / sizeof(float)));
 
     const auto fill_raw = [&](float x) { std::fill(contiguous.begin(), contiguous.end(), x); };
     const auto check_raw = [&](float x) {

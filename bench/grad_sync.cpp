@@ -57,8 +57,8 @@ int run(int argc, char** argv) {
     }
   }
 
-  bench::resnet50_replica model;
-  const std::size_t elements = model.shapes.elements();
+  bench::gradient_set model = bench::resnet50_gradients();
+  const std::size_t elements = model.elements();
   std::vector<float> contiguous(elements);
 
   // Every communicator owns its buckets; they are built once here and reused by every sample.

@@ -79,7 +79,7 @@ int run(int argc, char** argv) {
     }
   }
 
-  bench::resnet50_replica model;
+  bench::gradient_set model = bench::resnet50_gradients();
   const std::size_t tensors = model.params.size();
   cohort::flat comm(world);
   cohort::distributed_optimizer<no_update, cohort::flat, cohort::sum> overlapped{no_update{}, comm,
@@ -123,7 +123,7 @@ int run(int argc, char** argv) {
     std::printf("# %d ranks; flat, default buckets; %zu tensors, %.1f MB; backward simulated: "
                 "gradients written in reverse order, each followed by an equal share of the "
                 "compute time asleep\n",
-                world.size(), tensors, static_cast<double>(model.shapes.elements()) * 4 / 1e6);
+                world.size(), tensors, static_cast<double>(model.elements()) * 4 / 1e6);
     std::printf("# median of %d runs, each the slowest rank's time; ideal = max(compute, "
                 "reduction), sum = compute + reduction\n",
                 iters);

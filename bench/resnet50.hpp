@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/tensor/parameter.hpp>
-#include <cohort/tensor/std.hpp>
-
-#include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "gradient_set.hpp"
 
 namespace bench {
 
@@ -54,45 +53,15 @@ struct resnet50 {
     tensors.push_back({"fc.weight", 1000 * 2048});
     tensors.push_back({"fc.bias", 1000});
   }
-
-  std::size_t elements() const {
-    std::size_t total = 0;
-    for (const auto& t : tensors) {
-      total += t.count;
-    }
-    return total;
-  }
 };
 
-//! A model's values and gradients as a trainer holds them, one vector each per tensor.
-struct resnet50_replica {
-  resnet50 shapes;
-  std::vector<std::vector<float>> values, grads;
-  std::vector<cohort::parameter_ref<std::vector<float>>> params;
-
-  resnet50_replica() {
-    for (const auto& t : shapes.tensors) {
-      values.emplace_back(t.count, 0.0f);
-      grads.emplace_back(t.count, 0.0f);
-    }
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      params.push_back({shapes.tensors[i].name, &values[i], &grads[i]});
-    }
+//! ResNet-50's gradients as a trainer holds them.
+inline gradient_set resnet50_gradients() {
+  std::vector<std::pair<std::string, std::size_t>> tensors;
+  for (const auto& t : resnet50().tensors) {
+    tensors.emplace_back(t.name, t.count);
   }
-
-  void fill(float x) {
-    for (auto& g : grads) {
-      std::fill(g.begin(), g.end(), x);
-    }
-  }
-  std::size_t count_not_equal(float x) const {
-    std::size_t wrong = 0;
-    for (const auto& g : grads) {
-      wrong += static_cast<std::size_t>(
-          std::count_if(g.begin(), g.end(), [x](float y) { return y != x; }));
-    }
-    return wrong;
-  }
-};
+  return gradient_set(tensors);
+}
 
 } // namespace bench
