@@ -15,6 +15,7 @@
 
 #include <cohort/cohort.hpp>
 
+#include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
 #include <boost/serialization/array.hpp>
 
@@ -216,6 +217,9 @@ constexpr std::string_view usage = R"(usage: mnist_mlp [options]
   --train-size N     training examples (synthetic: default 6000; MNIST: at most N, default all)
   --test-size N      test examples (synthetic: default 1000; MNIST: at most N, default all)
   --seed S           seeds the synthetic data, the weights and the shuffling (default 1)
+  --strategy NAME    reduce gradients with this strategy, chosen at run time through
+                     cohort::any_communicator (naive, flat, hierarchical, two_dimensional,
+                     dummy); without it, flat, chosen at compile time
   --help             print this and exit
 )";
 
@@ -235,6 +239,7 @@ struct options {
   std::optional<std::size_t> train_size;
   std::optional<std::size_t> test_size;
   std::uint64_t seed = 1;
+  std::string strategy;
   bool help = false;
 };
 
@@ -304,6 +309,8 @@ options parse_options(int argc, char** argv) {
       o.test_size = parse_at_least<std::size_t>(flag, value(), 1);
     } else if (flag == "--seed") {
       o.seed = parse_value<std::uint64_t>(flag, value());
+    } else if (flag == "--strategy") {
+      o.strategy = std::string(value());
     } else {
       throw usage_error("unknown option '" + std::string(argv[i]) + "'");
     }
@@ -418,30 +425,41 @@ int train(const options& o, Communicator& comm) {
 
 int main(int argc, char** argv) {
   // cohort change 1/4: the program starts MPI (it owns the environment, for as long as cohort is
-  // used) and picks a gradient-reduction strategy at compile time: flat fuses all gradients into
-  // one all-reduce per step.
+  // used) and picks a gradient-reduction strategy at compile time: flat fuses the small gradients
+  // into buckets, one all-reduce each, and reduces the large ones in place.
   boost::mpi::environment env{argc, argv};
-  auto comm = cohort::make_communicator<cohort::flat>();
+  const boost::mpi::communicator world;
 
   try {
     const options o = parse_options(argc, argv);
     if (o.help) {
-      if (comm.rank() == 0) {
+      if (world.rank() == 0) {
         std::fputs(usage.data(), stdout);
       }
       return 0;
     }
-    return train(o, comm);
+    if (o.strategy.empty()) {
+      auto comm = cohort::make_communicator<cohort::flat>();
+      return train(o, comm);
+    }
+    // Or at run time, by name (an unknown name throws on every rank, listing the known ones).
+    std::optional<cohort::any_communicator> comm;
+    try {
+      comm.emplace(o.strategy);
+    } catch (const cohort::invalid_argument& e) {
+      throw usage_error(std::string("--strategy: ") + e.what());
+    }
+    return train(o, *comm);
   } catch (const usage_error& e) {
-    if (comm.rank() == 0) {
+    if (world.rank() == 0) {
       std::fprintf(stderr, "mnist_mlp: %s\n\n%s", e.what(), usage.data());
     }
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mnist_mlp: rank %d: %s\n", comm.rank(), e.what());
+    std::fprintf(stderr, "mnist_mlp: rank %d: %s\n", world.rank(), e.what());
     // A failure on one rank (an unreadable file on rank 0, say) leaves the others waiting in a
     // collective forever: take them all down instead.
-    if (comm.size() > 1) {
+    if (world.size() > 1) {
       env.abort(1);
     }
     return 1;
