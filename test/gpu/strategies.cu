@@ -108,6 +108,12 @@ BOOST_AUTO_TEST_CASE(two_level_strategies_on_nccl_links_match_the_oracle) {
 }
 
 static_assert(cohort::communicator<cohort::any_gpu_communicator>);
+// What mpi_communicator asks before the ranks agree on the gradients.
+static_assert(requires(cohort::pure_nccl & s, const cohort::detail::grad_slot& slot) {
+  s.check_gradient_memory(slot);
+});
+static_assert(requires(cohort::hierarchical<cohort::nccl_links> & s,
+                       const cohort::detail::grad_slot& slot) { s.check_gradient_memory(slot); });
 static_assert(!cohort::overlapping_communicator<cohort::any_gpu_communicator>);
 
 BOOST_AUTO_TEST_CASE(any_gpu_communicator_by_name) {
@@ -253,6 +259,20 @@ BOOST_AUTO_TEST_CASE(memory_of_another_device_is_refused_by_name) {
   }
   cohort::device_span<float> wrong(elsewhere, 4);
   BOOST_CHECK_THROW(comm.allreduce(wrong), cohort::invalid_argument);
+  // A gradient on another device on the last rank only: checked before the ranks agree, so every
+  // rank throws (the last the problem itself, the others the disagreement) instead of the others
+  // waiting in NCCL for it.
+  device_array<float> value(std::vector<float>(4));
+  auto value_view = value.span();
+  const bool last = comm.rank() == comm.size() - 1;
+  std::vector<cohort::parameter_ref<cohort::device_span<float>>> params{
+      {"w", &value_view, last ? &wrong : &view}};
+  try {
+    comm.allreduce_grad(params, cohort::sum{});
+    BOOST_ERROR("a gradient on another device was reduced");
+  } catch (const cohort::error& e) {
+    BOOST_CHECK(std::string(e.what()).find("parameter 'w'") != std::string::npos);
+  }
   (void)cudaFree(elsewhere);
 }
 

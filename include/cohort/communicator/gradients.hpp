@@ -128,18 +128,29 @@ inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
 }
 
 //! Checks that every rank has the same gradient layout (if `check`), then that it is usable.
-//! With the check on, a local problem is found on every rank at once, so every rank throws.
+//! With the check on, a local problem is found on every rank at once, so every rank throws:
+//! a bad slot, or `problem`, what the strategy's own checks of the gradients found on this rank
+//! (memory of another device, say).
 inline void validate_gradients(const boost::mpi::communicator& comm, std::string_view operation,
-                               std::span<const grad_slot> slots, bool check, missing_grad missing) {
+                               std::span<const grad_slot> slots, bool check, missing_grad missing,
+                               const std::string& problem = {}) {
   if (check) {
-    require_agreement(comm, operation, slots_fingerprint(slots), [&] {
+    fingerprint f;
+    f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+    require_agreement(comm, operation, f.value(), [&] {
       std::vector<signature_entry> entries;
-      entries.reserve(slots.size());
+      entries.reserve(slots.size() + 1);
+      if (!problem.empty()) {
+        entries.push_back({"the call", "failed (" + problem + ")"});
+      }
       for (const auto& slot : slots) {
         entries.push_back({slot_label(slot), slot_description(slot)});
       }
       return entries;
     });
+  }
+  if (!problem.empty()) {
+    throw invalid_argument(problem);
   }
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const auto& slot = slots[i];

@@ -403,7 +403,7 @@ public:
     require_no_pending("allreduce_grad");
     detail::collect_gradients(params, options.missing, slots_, names_);
     detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
-                               options.missing);
+                               options.missing, gradient_memory_problem());
     for (const auto& slot : slots_) {
       check_gradient_location(slot.grad.location);
     }
@@ -551,6 +551,26 @@ public:
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
 
 protected:
+  //! What the strategy's own checks of the gradients' memory find on this rank ("" if nothing),
+  //! before the ranks agree, so that a problem on one rank is an error on every rank: a strategy
+  //! may declare `void check_gradient_memory(const detail::grad_slot&)`, which throws
+  //! `invalid_argument`.
+  std::string gradient_memory_problem() {
+    if constexpr (requires(Strategy & s, const detail::grad_slot& slot) {
+                    s.check_gradient_memory(slot);
+                  }) {
+      return local_checks([&] {
+        for (const auto& slot : slots_) {
+          if (slot.state == detail::slot_state::ok && slot.grad.count != 0) {
+            self().check_gradient_memory(slot);
+          }
+        }
+      });
+    } else {
+      return {};
+    }
+  }
+
   //! Whether the strategy reduces device memory (it says so with `static constexpr bool
   //! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
   //! host strategy exchanges buckets, and can overlap them with backward. A function, not a

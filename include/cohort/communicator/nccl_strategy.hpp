@@ -57,6 +57,12 @@ public:
   //! The stream the trainer queues its work on (the legacy default stream unless set): cohort's
   //! work starts after what is queued there, and what is queued there next starts after it.
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
+  //! Throws for a gradient in the memory of another device than the communicator's (checked before
+  //! the ranks agree, so that it is an error on every rank, not a hang).
+  void check_gradient_memory(const grad_slot& slot) {
+    check_device(slot.grad.data, "parameter '" + std::string(slot.name) + "'");
+  }
+
   //! Blocks until cohort's queued work is done (needed only with gpu_options::timeout zero).
   void synchronize() const { streams_.synchronize(); }
   //! Destroys the NCCL communicator (before the CUDA context goes). Idempotent; a later device
@@ -271,9 +277,6 @@ protected:
 
   template <reducer Reducer>
   void reduce_gradients(std::span<const grad_slot> slots, const Reducer& reducer) {
-    for (const auto& slot : slots) {
-      check_device(slot.grad.data, slot.name);
-    }
     Strategy& self = static_cast<Strategy&>(*this);
     enqueue_on(self.bucket_comm(), "allreduce_grad",
                [&](const nccl::communicator& c, cudaStream_t s) {
