@@ -34,6 +34,9 @@ public:
     return own_->get();
   }
 
+  //! The event that marks the end of the user's work queued before cohort's (after `begin`).
+  const cuda::event& started() const { return *ready_; }
+
   //! Orders the user's stream after cohort's work; returns the event that marks its end.
   const cuda::event& end() {
     done_->record(own_->get());

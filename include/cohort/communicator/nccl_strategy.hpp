@@ -297,6 +297,10 @@ protected:
     nccl::allreduce(c, packed.data, packed.data, packed.count, packed.type, op, s);
   }
 
+  //! Marks the end of the user's work queued before the current operation: where its time limit
+  //! starts.
+  const cuda::event& work_started() const { return streams_.started(); }
+
   //! The NCCL communicator over all ranks, created at the first call on the current device.
   const nccl::communicator& nccl_comm() { return world_comm(); }
 
@@ -327,7 +331,7 @@ private:
     work(static_cast<const nccl::communicator&>(c), s);
     const cuda::event& done = streams_.end();
     if (gpu_.timeout.count() > 0) {
-      c.wait(done, gpu_.timeout, operation);
+      c.wait(streams_.started(), done, gpu_.timeout, operation);
     }
   }
 

@@ -139,7 +139,7 @@ protected:
                 "cudaMemcpyAsync (device to host)");
     copied_.record(s);
     if (this->gpu().timeout.count() > 0) {
-      intra_->wait(copied_, this->gpu().timeout, "allreduce_grad");
+      intra_->wait(this->work_started(), copied_, this->gpu().timeout, "allreduce_grad");
     } else {
       copied_.synchronize();
     }

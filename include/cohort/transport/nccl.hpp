@@ -181,7 +181,23 @@ public:
   //! collective, and `timeout_error` names the operation. Each peer is released by its own
   //! deadline in the same way (an abort here does not reach into the other processes).
   void wait(const cuda::event& done, std::chrono::milliseconds limit, std::string_view operation) {
-    const auto start = std::chrono::steady_clock::now();
+    wait_from(std::chrono::steady_clock::now(), done, limit, operation);
+  }
+
+  //! The same, with the limit counted from when `started` has finished (the user's work queued
+  //! before cohort's, which is not cohort's to time: a long backward pass must not count).
+  void wait(const cuda::event& started, const cuda::event& done, std::chrono::milliseconds limit,
+            std::string_view operation) {
+    while (!started.done()) {
+      check_async();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    wait_from(std::chrono::steady_clock::now(), done, limit, operation);
+  }
+
+private:
+  void wait_from(std::chrono::steady_clock::time_point start, const cuda::event& done,
+                 std::chrono::milliseconds limit, std::string_view operation) {
     while (!done.done()) {
       check_async();
       if (limit.count() > 0 && std::chrono::steady_clock::now() - start > limit) {
@@ -196,6 +212,7 @@ public:
     }
   }
 
+public:
   //! Ends the communicator at once, abandoning its pending work (ncclCommAbort). Idempotent.
   void abort() noexcept {
     if (handle_ != nullptr) {
