@@ -88,6 +88,37 @@ BOOST_AUTO_TEST_CASE(pure_nccl_mean_sum_and_compressed_match_the_oracle) {
   check_allreduce_grad<cohort::pure_nccl>(cohort::compressed<cohort::float16>{}, 4e-3);
 }
 
+// Gradients of 16-bit and integer dtypes: the mean of fp16 divides before the sum, the mean of
+// int32 travels as int64 and rounds, exactly as on the host.
+template <class T, class Strategy, class Reducer>
+void check_gradients_of(Reducer reducer, double tolerance) {
+  auto comm = make<Strategy>();
+  auto oracle = cohort::make_communicator<cohort::flat>();
+  std::vector<T> host_value(4099), host_grad = cohort::test::filled<T>(4099, comm.rank());
+  device_array<T> value(host_value), grad(host_grad);
+  auto value_view = value.span();
+  auto grad_view = grad.span();
+  std::vector<cohort::parameter_ref<cohort::device_span<T>>> params{{"g", &value_view, &grad_view}};
+  std::vector<cohort::parameter_ref<std::vector<T>>> host_params{{"g", &host_value, &host_grad}};
+  comm.allreduce_grad(params, reducer);
+  oracle.allreduce_grad(host_params, reducer);
+  const auto got = grad.read();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double a = cohort::test::as_double(got[i]);
+    const double b = cohort::test::as_double(host_grad[i]);
+    BOOST_REQUIRE_MESSAGE(std::abs(a - b) <= tolerance * std::max(1.0, std::abs(b)),
+                          "element " << i << ": " << a << " vs " << b);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sixteen_bit_and_integer_gradients_match_the_oracle) {
+  check_gradients_of<cohort::float16, cohort::pure_nccl>(cohort::mean{}, 1e-3);
+  check_gradients_of<cohort::bfloat16, cohort::pure_nccl>(cohort::mean{}, 1e-2);
+  check_gradients_of<std::int32_t, cohort::pure_nccl>(cohort::mean{}, 0.0);
+  check_gradients_of<std::int32_t, cohort::pure_nccl>(cohort::sum{}, 0.0);
+  check_gradients_of<double, cohort::host_staged>(cohort::mean{}, 1e-12);
+}
+
 BOOST_AUTO_TEST_CASE(single_node_and_host_staged_match_the_oracle) {
   check_allreduce_grad<cohort::single_node>(cohort::mean{}, 1e-6);
   check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6);
@@ -171,6 +202,36 @@ BOOST_AUTO_TEST_CASE(device_tensor_collectives) {
   for (int rank = 0; rank < n; ++rank) {
     BOOST_CHECK_EQUAL(gathered[2 * static_cast<std::size_t>(rank)], static_cast<float>(rank));
   }
+  // Reduce-scatter: rank r gets block r of the sum.
+  device_array<float> blocks(std::vector<float>(3 * static_cast<std::size_t>(n), 1.0f));
+  device_array<float> block(std::vector<float>(3));
+  auto blocks_view = blocks.span();
+  auto block_view = block.span();
+  comm.reduce_scatter(blocks_view, block_view);
+  expect_equal(block.read(), std::vector<float>(3, static_cast<float>(n)));
+  // Point to point around a ring (NCCL needs the communicator made first).
+  comm.connect();
+  if (n > 1) {
+    device_array<std::int64_t> out(std::vector<std::int64_t>(4, comm.rank()));
+    device_array<std::int64_t> in(std::vector<std::int64_t>(4));
+    auto out_view = out.span();
+    auto in_view = in.span();
+    if (comm.rank() % 2 == 0) {
+      comm.send(out_view, (comm.rank() + 1) % n);
+      comm.recv(in_view, (comm.rank() + n - 1) % n);
+    } else {
+      comm.recv(in_view, (comm.rank() + n - 1) % n);
+      comm.send(out_view, (comm.rank() + 1) % n);
+    }
+    expect_equal(in.read(), std::vector<std::int64_t>(4, (comm.rank() + n - 1) % n));
+  }
+  // A split keeps the strategy and its GPU options, and reduces over its own ranks only.
+  auto half = comm.split(comm.rank() % 2, comm.rank());
+  device_array<float> ones(std::vector<float>(6, 1.0f));
+  auto ones_view = ones.span();
+  half.allreduce(ones_view);
+  expect_equal(ones.read(), std::vector<float>(6, static_cast<float>(half.size())));
+  BOOST_CHECK_EQUAL(half.gpu().timeout.count(), comm.gpu().timeout.count());
   // Host memory still goes through MPI on the same communicator.
   std::vector<float> host(3, 1.0f);
   comm.allreduce(host);
