@@ -257,6 +257,28 @@ void check_broadcast_parameters() {
 }
 } // namespace
 
+BOOST_AUTO_TEST_CASE(broadcast_parameters_in_buckets_of_16_bytes) {
+  // Values of 1, 3 and 5 floats packed 16 bytes at a time, 100 floats broadcast in place.
+  cohort::pure_nccl comm(boost::mpi::communicator(), {.bucket_bytes = 16});
+  const std::size_t sizes[] = {1, 3, 5, 100, 2};
+  std::vector<std::unique_ptr<device_array<float>>> values, grads;
+  std::vector<cohort::device_span<float>> spans;
+  spans.reserve(2 * std::size(sizes));
+  std::vector<cohort::parameter_ref<cohort::device_span<float>>> params;
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    values.push_back(std::make_unique<device_array<float>>(
+        std::vector<float>(sizes[i], static_cast<float>(comm.rank() * 10 + static_cast<int>(i)))));
+    grads.push_back(std::make_unique<device_array<float>>(std::vector<float>(sizes[i])));
+    spans.push_back(values.back()->span());
+    spans.push_back(grads.back()->span());
+    params.push_back({"p" + std::to_string(i), &spans[2 * i], &spans[2 * i + 1]});
+  }
+  comm.broadcast_parameters(params, 0);
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    expect_equal(values[i]->read(), std::vector<float>(sizes[i], static_cast<float>(i)));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
   check_broadcast_parameters<cohort::pure_nccl>();
   // Staged through host memory: the two-level strategies create no NCCL communicator over all

@@ -32,6 +32,7 @@
 #include <boost/mpi/communicator.hpp>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <optional>
 #include <span>
 #include <string>
@@ -254,21 +255,42 @@ public:
           return described;
         },
         problem);
-    std::size_t bytes = 0;
-    for (const auto& v : values) {
-      bytes += v.count;
-    }
-    const tensor_view packed{parameter_buffer_.reserve(bytes), bytes, dtype::uint8,
-                             memory_location::device};
-    const std::vector<const_tensor_view> sources(values.begin(), values.end());
+    // Small values travel packed, a bucket's worth of bytes at a time, and large ones in place,
+    // as on the host: the extra device memory is one bucket, not a copy of the model.
+    const std::size_t capacity = std::max<std::size_t>(1, this->options().bucket_bytes);
+    const std::size_t threshold = std::min(this->options().fusion_threshold_bytes, capacity);
+    void* const buffer = parameter_buffer_.reserve(capacity);
     enqueue("broadcast_parameters", [&](const nccl::communicator& c, cudaStream_t s) {
-      if (this->rank() == root) {
-        kernels::device::pack(sources, packed, 1.0, s, parameter_workspace_);
+      std::vector<tensor_view> pending;
+      std::size_t filled = 0;
+      const auto flush = [&] {
+        if (pending.empty()) {
+          return;
+        }
+        const tensor_view packed{buffer, filled, dtype::uint8, memory_location::device};
+        if (this->rank() == root) {
+          const std::vector<const_tensor_view> sources(pending.begin(), pending.end());
+          kernels::device::pack(sources, packed, 1.0, s, parameter_workspace_);
+        }
+        nccl::broadcast(c, buffer, filled, dtype::uint8, root, s);
+        if (this->rank() != root) {
+          kernels::device::unpack(packed, pending, 1.0, s, parameter_workspace_);
+        }
+        pending.clear();
+        filled = 0;
+      };
+      for (const tensor_view& v : values) {
+        if (v.count >= threshold) {
+          nccl::broadcast(c, v.data, v.count, dtype::uint8, root, s);
+          continue;
+        }
+        if (filled + v.count > capacity) {
+          flush();
+        }
+        pending.push_back(v);
+        filled += v.count;
       }
-      nccl::broadcast(c, packed.data, packed.count, packed.type, root, s);
-      if (this->rank() != root) {
-        kernels::device::unpack(packed, values, 1.0, s, parameter_workspace_);
-      }
+      flush();
     });
   }
 
