@@ -39,6 +39,24 @@ COHORT_HOST_DEVICE constexpr To convert(From value) noexcept {
   }
 }
 
+//! `a * b` rounded once, and never fused with a later addition: nvcc contracts `a * b + c` into
+//! a fused multiply-add by default, which rounds once where the host rounds twice, so a scaled
+//! integer near a half could round differently on the device than on the host. (`mul.rn` in the
+//! PTX: ptxas may not fuse it.)
+template <class T>
+COHORT_HOST_DEVICE constexpr T multiply_rounded(T a, T b) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!__builtin_is_constant_evaluated()) {
+    if constexpr (std::is_same_v<T, float>) {
+      return __fmul_rn(a, b);
+    } else if constexpr (std::is_same_v<T, double>) {
+      return __dmul_rn(a, b);
+    }
+  }
+#endif
+  return a * b;
+}
+
 //! `out = To(in * factor)`: the cast-and-scale of pack, unpack and scale. A factor of one is the
 //! identity bit for bit (no rounding through the compute type when the types match). A scaled
 //! integer rounds to nearest (half away from zero), so that the mean of integers is not biased
@@ -53,7 +71,7 @@ struct scale_cast {
     if (factor == compute(1)) {
       return convert<To>(in);
     }
-    const compute scaled = convert<compute>(in) * factor;
+    const compute scaled = multiply_rounded(convert<compute>(in), factor);
     if constexpr (std::is_integral_v<To>) {
       return static_cast<To>(scaled < compute(0) ? scaled - compute(0.5) : scaled + compute(0.5));
     } else {
