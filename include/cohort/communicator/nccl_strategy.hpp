@@ -332,7 +332,7 @@ protected:
                   " after finalize()");
     }
     if (!nccl_) {
-      nccl_.emplace(this->mpi_comm());
+      nccl_.emplace(this->mpi_comm(), gpu_.timeout);
     }
     return *nccl_;
   }

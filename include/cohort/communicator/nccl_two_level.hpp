@@ -120,7 +120,7 @@ protected:
   //! reduction on the device current then.
   nccl::communicator& bucket_comm() {
     if (!intra_) {
-      intra_.emplace(this->intra_comm());
+      intra_.emplace(this->intra_comm(), this->gpu().timeout);
     }
     return *intra_;
   }
@@ -226,7 +226,7 @@ private:
         const tensor_view b = block(i);
         nccl::reduce(intra, b.data, b.data, b.count, b.type, op, i, s);
       }
-      group.end();
+      group.end(intra);
     }
     this->staged_allreduce(this->inter_comm(), block(this->intra_rank()), op, s);
     nccl::group_guard group;
@@ -234,7 +234,7 @@ private:
       const tensor_view b = block(i);
       nccl::broadcast(intra, b.data, b.count, b.type, i, s);
     }
-    group.end();
+    group.end(intra);
   }
 };
 

@@ -78,27 +78,6 @@ constexpr ncclRedOp_t op(reduce_op operation) noexcept {
   return ncclSum;
 }
 
-//! Brackets NCCL calls into one group (one launch for many point-to-point operations). `end()`
-//! reports the group's error; the destructor ends a group left open by an exception.
-class group_guard {
-public:
-  group_guard() { check(ncclGroupStart(), "ncclGroupStart"); }
-  group_guard(const group_guard&) = delete;
-  group_guard& operator=(const group_guard&) = delete;
-  ~group_guard() {
-    if (open_) {
-      (void)ncclGroupEnd();
-    }
-  }
-  void end() {
-    open_ = false;
-    check(ncclGroupEnd(), "ncclGroupEnd");
-  }
-
-private:
-  bool open_ = true;
-};
-
 //! An NCCL communicator over the ranks of an MPI communicator, on the device that is current when
 //! it is created (the caller picks it, e.g. with cuda::select_device(comm.intra_rank())).
 //! Destroyed in the right order: the work it issued is finished (or aborted) first.
@@ -107,9 +86,13 @@ public:
   communicator() = default;
 
   //! Collective over `comm`: its rank 0 makes the unique id, Boost.MPI broadcasts it, and every
-  //! rank joins with its MPI rank on the current device.
-  explicit communicator(const boost::mpi::communicator& comm)
-      : device_(cuda::current_device()) {
+  //! rank joins with its MPI rank on the current device. The communicator is non-blocking, so
+  //! that joining and every later call are waited for here with `limit` (0: no limit): a rank
+  //! that never joins is a `timeout_error` on the others (after aborting), not a hang.
+  explicit communicator(const boost::mpi::communicator& comm,
+                        std::chrono::milliseconds limit = std::chrono::milliseconds(0))
+      : device_(cuda::current_device())
+      , limit_(limit) {
     if (device_ < 0) {
       throw invalid_argument("cohort: NCCL communicator on rank " + std::to_string(comm.rank()) +
                              ": no current CUDA device");
@@ -126,17 +109,27 @@ public:
     mpi::check(MPI_Bcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm),
                "MPI_Bcast (ncclUniqueId)", comm);
     check(root.made, "ncclGetUniqueId (on rank 0)");
-    check(ncclCommInitRank(&handle_, comm.size(), root.id, comm.rank()), "ncclCommInitRank");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t joined =
+        ncclCommInitRankConfig(&handle_, comm.size(), root.id, comm.rank(), &config);
+    if (joined != ncclSuccess && joined != ncclInProgress) {
+      abort();
+      check(joined, "ncclCommInitRankConfig");
+    }
+    complete(joined, "ncclCommInitRankConfig");
   }
 
   communicator(communicator&& other) noexcept
       : handle_(std::exchange(other.handle_, nullptr))
-      , device_(other.device_) {}
+      , device_(other.device_)
+      , limit_(other.limit_) {}
   communicator& operator=(communicator&& other) noexcept {
     if (this != &other) {
       destroy_quietly();
       handle_ = std::exchange(other.handle_, nullptr);
       device_ = other.device_;
+      limit_ = other.limit_;
     }
     return *this;
   }
@@ -162,6 +155,33 @@ public:
   }
   bool valid() const noexcept { return handle_ != nullptr; }
   int device() const noexcept { return device_; }
+
+  //! The end of every NCCL call on this (non-blocking) communicator: a call that returned
+  //! `ncclInProgress` is polled until it has finished, within the time limit, before any other
+  //! NCCL call may be made; an error throws, naming `call`.
+  void complete(ncclResult_t result, std::string_view call) const {
+    if (result != ncclInProgress) {
+      check(result, call, handle_);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      check(ncclCommGetAsyncError(get(), &state), "ncclCommGetAsyncError", handle_);
+      if (state == ncclSuccess) {
+        return;
+      }
+      if (state != ncclInProgress) {
+        check(state, call, handle_);
+      }
+      if (limit_.count() > 0 && std::chrono::steady_clock::now() - start > limit_) {
+        throw timeout_error("cohort: " + std::string(call) + " on rank " +
+                            std::to_string(mpi::world_rank()) + " did not finish within " +
+                            std::to_string(limit_.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
   //! Throws if NCCL has recorded an asynchronous error (a peer lost, say), after aborting.
   void check_async() {
@@ -227,7 +247,17 @@ public:
       return;
     }
     const cuda::device_guard on(device_);
-    const ncclResult_t finalized = ncclCommFinalize(handle_);
+    ncclResult_t finalized = ncclCommFinalize(handle_);
+    if (finalized == ncclInProgress) {
+      try {
+        complete(finalized, "ncclCommFinalize");
+        finalized = ncclSuccess;
+      } catch (const timeout_error&) {
+        finalized = ncclInProgress;
+      } catch (const engine_error& e) {
+        finalized = static_cast<ncclResult_t>(e.code());
+      }
+    }
     if (finalized != ncclSuccess) {
       const std::string message = ncclGetLastError(handle_);
       abort(); // a communicator that cannot be finalized is still freed
@@ -249,52 +279,77 @@ private:
 
   ncclComm_t handle_ = nullptr;
   int device_ = -1;
+  std::chrono::milliseconds limit_{0};
+};
+
+//! Brackets NCCL calls into one group (one launch for many operations). `end(comm)`
+//! reports the group's error; the destructor ends a group left open by an exception.
+class group_guard {
+public:
+  group_guard() { check(ncclGroupStart(), "ncclGroupStart"); }
+  group_guard(const group_guard&) = delete;
+  group_guard& operator=(const group_guard&) = delete;
+  ~group_guard() {
+    if (open_) {
+      (void)ncclGroupEnd();
+    }
+  }
+  //! Ends the group, whose calls were all on `comm` (non-blocking: waited for there).
+  void end(const communicator& comm) {
+    open_ = false;
+    comm.complete(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+private:
+  bool open_ = true;
 };
 
 //! `recv = op over ranks of send` (in place when the pointers are equal), enqueued on `stream`.
 inline void allreduce(const communicator& comm, const void* send, void* recv, std::size_t count,
                       dtype type, reduce_op operation, cudaStream_t stream) {
-  check(ncclAllReduce(send, recv, count, datatype(type), op(operation), comm.get(), stream),
-        "ncclAllReduce", comm.get());
+  comm.complete(ncclAllReduce(send, recv, count, datatype(type), op(operation), comm.get(), stream),
+                "ncclAllReduce");
 }
 
 //! `data` from `root` to every rank, enqueued on `stream`.
 inline void broadcast(const communicator& comm, void* data, std::size_t count, dtype type, int root,
                       cudaStream_t stream) {
-  check(ncclBroadcast(data, data, count, datatype(type), root, comm.get(), stream), "ncclBroadcast",
-        comm.get());
+  comm.complete(ncclBroadcast(data, data, count, datatype(type), root, comm.get(), stream),
+                "ncclBroadcast");
 }
 
 //! Every rank's `count` elements into `recv` (size * count), enqueued on `stream`.
 inline void allgather(const communicator& comm, const void* send, void* recv, std::size_t count,
                       dtype type, cudaStream_t stream) {
-  check(ncclAllGather(send, recv, count, datatype(type), comm.get(), stream), "ncclAllGather",
-        comm.get());
+  comm.complete(ncclAllGather(send, recv, count, datatype(type), comm.get(), stream),
+                "ncclAllGather");
 }
 
 //! Block r of the reduction of every rank's `send` (size * count) into rank r's `recv` (count).
 inline void reduce_scatter(const communicator& comm, const void* send, void* recv,
                            std::size_t count, dtype type, reduce_op operation,
                            cudaStream_t stream) {
-  check(ncclReduceScatter(send, recv, count, datatype(type), op(operation), comm.get(), stream),
-        "ncclReduceScatter", comm.get());
+  comm.complete(
+      ncclReduceScatter(send, recv, count, datatype(type), op(operation), comm.get(), stream),
+      "ncclReduceScatter");
 }
 
 //! The reduction of every rank's `send` into `root`'s `recv`.
 inline void reduce(const communicator& comm, const void* send, void* recv, std::size_t count,
                    dtype type, reduce_op operation, int root, cudaStream_t stream) {
-  check(ncclReduce(send, recv, count, datatype(type), op(operation), root, comm.get(), stream),
-        "ncclReduce", comm.get());
+  comm.complete(
+      ncclReduce(send, recv, count, datatype(type), op(operation), root, comm.get(), stream),
+      "ncclReduce");
 }
 
 //! Point to point, enqueued on `stream` (pair them in a group_guard to exchange both ways).
 inline void send(const communicator& comm, const void* data, std::size_t count, dtype type,
                  int peer, cudaStream_t stream) {
-  check(ncclSend(data, count, datatype(type), peer, comm.get(), stream), "ncclSend", comm.get());
+  comm.complete(ncclSend(data, count, datatype(type), peer, comm.get(), stream), "ncclSend");
 }
 inline void recv(const communicator& comm, void* data, std::size_t count, dtype type, int peer,
                  cudaStream_t stream) {
-  check(ncclRecv(data, count, datatype(type), peer, comm.get(), stream), "ncclRecv", comm.get());
+  comm.complete(ncclRecv(data, count, datatype(type), peer, comm.get(), stream), "ncclRecv");
 }
 
 } // namespace nccl
