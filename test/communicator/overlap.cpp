@@ -224,3 +224,54 @@ BOOST_AUTO_TEST_CASE(misuse_is_named) {
   BOOST_CHECK_EXCEPTION(request.wait(), cohort::invalid_argument,
                         message_has({"index 99", "13-parameter set"}));
 }
+
+BOOST_AUTO_TEST_CASE(ranks_reducing_in_different_ways_are_told_not_hung) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() < 2) {
+    return;
+  }
+  mixed_model m(comm.size(), comm.rank(), 0);
+  // Rank 0 overlaps, the others block: different collectives, so every rank throws.
+  const auto attempt = [&] {
+    if (comm.rank() == 0) {
+      comm.begin_allreduce_grad(m.params, cohort::mean{}).wait();
+    } else {
+      comm.allreduce_grad(m.params, cohort::mean{});
+    }
+  };
+  BOOST_CHECK_EXCEPTION(attempt(), cohort::mismatch_error,
+                        message_has({"the ranks disagree", "the reduction", "overlapped"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  comm.allreduce_grad(m.params, cohort::mean{}); // back in step
+}
+
+BOOST_AUTO_TEST_CASE(a_request_is_over_once_waited_on) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  mixed_model m(comm.size(), comm.rank(), 0);
+  auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
+  request.wait();
+  BOOST_CHECK_EXCEPTION(request.wait(), cohort::invalid_argument,
+                        message_has({"grad_sync_request::wait", "over"}));
+  BOOST_CHECK_EXCEPTION(request.ready(0), cohort::invalid_argument,
+                        message_has({"grad_sync_request::ready"}));
+  // A request whose reduction was waited on through the communicator does not touch the next.
+  auto stale = comm.begin_allreduce_grad(m.params, cohort::mean{});
+  comm.wait_grad_sync();
+  auto next = comm.begin_allreduce_grad(m.params, cohort::mean{});
+  BOOST_TEST(!stale.pending());
+  BOOST_TEST(next.pending());
+  next.wait();
+}
+
+BOOST_AUTO_TEST_CASE(a_communicator_destroyed_mid_reduction_finishes_it_first) {
+  mixed_model a(boost::mpi::communicator().size(), boost::mpi::communicator().rank(), 2);
+  mixed_model b(boost::mpi::communicator().size(), boost::mpi::communicator().rank(), 2);
+  {
+    auto comm = cohort::make_communicator<cohort::two_dimensional<>>({.bucket_bytes = 64});
+    comm.start_grad_sync(a.params, cohort::sum{});
+    comm.grad_ready(a.params, 12);
+  } // waited for here: every rank sends every bucket, the ring's workspace outlives the thread
+  auto oracle = cohort::make_communicator<cohort::two_dimensional<>>({.bucket_bytes = 64});
+  oracle.allreduce_grad(b.params, cohort::sum{});
+  require_same_bytes(a, b, 2);
+}

@@ -180,6 +180,11 @@ BOOST_AUTO_TEST_CASE(double_buffering_applies_gradients_exactly_one_step_late) {
   }
   BOOST_CHECK_EXCEPTION(opt.synchronize(), cohort::invalid_argument,
                         message_has({"double_buffering", "finish()"}));
+  // A parameter renamed between steps would get another's reduced gradient: refused.
+  model.params[1].name = "renamed";
+  BOOST_CHECK_EXCEPTION(opt.step(), cohort::invalid_argument,
+                        message_has({"double_buffering", "names, sizes and dtypes"}));
+  model.params[1].name = "w2";
   opt.finish(); // the last step's gradients are not lost
   BOOST_TEST_REQUIRE(opt.inner().seen.size() == static_cast<std::size_t>(steps));
   BOOST_TEST(!comm.grad_sync_pending());

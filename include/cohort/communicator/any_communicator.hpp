@@ -21,6 +21,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -242,6 +243,9 @@ public:
   }
   bool grad_sync_pending() const noexcept {
     return read([](const auto& c) { return c.grad_sync_pending(); });
+  }
+  std::uint64_t grad_sync_generation() const noexcept {
+    return read([](const auto& c) { return c.grad_sync_generation(); });
   }
   std::size_t bucket_buffer_bytes() const noexcept {
     return read([](const auto& c) { return c.bucket_buffer_bytes(); });

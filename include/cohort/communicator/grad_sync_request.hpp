@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 namespace cohort {
@@ -14,22 +17,26 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! buckets before it are on their way); `wait()` marks the rest ready and returns when every
 //! gradient is reduced, rethrowing any error. The gradients must not be touched between `ready`
 //! and `wait`. Destroying a request that was not waited on waits for it, and an error is then
-//! lost: call `wait()`.
+//! lost: call `wait()`. A request belongs to one reduction: once that one is over (waited on
+//! here or through the communicator), the request is done.
 template <class Communicator, class Params>
 class grad_sync_request {
 public:
   grad_sync_request(Communicator& comm, Params& params) noexcept
       : comm_(&comm)
-      , params_(&params) {}
+      , params_(&params)
+      , generation_(comm.grad_sync_generation()) {}
 
   grad_sync_request(grad_sync_request&& other) noexcept
       : comm_(std::exchange(other.comm_, nullptr))
-      , params_(other.params_) {}
+      , params_(other.params_)
+      , generation_(other.generation_) {}
   grad_sync_request& operator=(grad_sync_request&& other) noexcept {
     if (this != &other) {
       finish_quietly();
       comm_ = std::exchange(other.comm_, nullptr);
       params_ = other.params_;
+      generation_ = other.generation_;
     }
     return *this;
   }
@@ -38,26 +45,45 @@ public:
   //! Parameter `index` (its position in the parameter set) has its final gradient. Its gradient
   //! tensor is read again now, so it may have been (re)allocated since the reduction began, as
   //! long as its size and dtype are the same.
-  void ready(std::size_t index) { comm_->grad_ready(*params_, index); }
+  void ready(std::size_t index) { current("ready").grad_ready(*params_, index); }
 
   //! Waits for the whole reduction. Collective.
-  void wait() { std::exchange(comm_, nullptr)->wait_grad_sync(); }
+  void wait() {
+    Communicator& comm = current("wait");
+    comm_ = nullptr;
+    comm.wait_grad_sync();
+  }
 
-  bool pending() const noexcept { return comm_ != nullptr; }
+  //! Whether this request's reduction is still in flight.
+  bool pending() const noexcept {
+    return comm_ != nullptr && comm_->grad_sync_pending() &&
+           comm_->grad_sync_generation() == generation_;
+  }
 
 private:
+  Communicator& current(const char* operation) const {
+    if (!pending()) {
+      throw invalid_argument(std::string("cohort: grad_sync_request::") + operation +
+                             ": this request's reduction is over (waited on already, or the "
+                             "request was moved from)");
+    }
+    return *comm_;
+  }
+
   void finish_quietly() noexcept {
-    if (comm_ != nullptr) {
+    if (pending()) {
       try {
         std::exchange(comm_, nullptr)->wait_grad_sync();
       } catch (...) {
         // A destructor may not throw; wait() is where errors are reported.
       }
     }
+    comm_ = nullptr;
   }
 
   Communicator* comm_;
   Params* params_;
+  std::uint64_t generation_;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -131,17 +131,26 @@ inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
 //! With the check on, a local problem is found on every rank at once, so every rank throws:
 //! a bad slot, or `problem`, what the strategy's own checks of the gradients found on this rank
 //! (memory of another device, say).
+//! `mode` names how the gradients are about to be reduced ("blocking", "overlapped"): ranks that
+//! would reduce them in different ways would issue different collectives, so they must agree on
+//! it too.
 inline void validate_gradients(const boost::mpi::communicator& comm, std::string_view operation,
                                std::span<const grad_slot> slots, bool check, missing_grad missing,
-                               const std::string& problem = {}) {
+                               const std::string& problem = {},
+                               std::string_view mode = "blocking") {
   if (check) {
     fingerprint f;
     f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+    f.add(mode);
     require_agreement(comm, operation, f.value(), [&] {
       std::vector<signature_entry> entries;
-      entries.reserve(slots.size() + 1);
+      entries.reserve(slots.size() + 2);
       if (!problem.empty()) {
         entries.push_back({"the call", "failed (" + problem + ")"});
+      }
+      if (mode != "blocking") {
+        // Only where it is not the usual, so that layout messages keep their item numbers.
+        entries.push_back({"the reduction", std::string(mode)});
       }
       for (const auto& slot : slots) {
         entries.push_back({slot_label(slot), slot_description(slot)});

@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -102,6 +103,16 @@ public:
   int inter_rank() const noexcept { return layout_.topo.inter_rank; }
   int inter_size() const noexcept { return layout_.topo.inter_size; }
   const cohort::topology& topology() const noexcept { return layout_.topo; }
+
+  mpi_communicator(mpi_communicator&&) noexcept = default;
+  mpi_communicator& operator=(mpi_communicator&&) noexcept = default;
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+
+  //! Finishes an overlapped reduction still pending (its errors are lost here: call wait), so
+  //! that cohort's thread never outlives what it reads, and the other ranks are not left in the
+  //! collectives of buckets this rank would never send.
+  ~mpi_communicator() { finish_overlap(); }
 
   //! The Boost.MPI communicator underneath (cohort's duplicate), for the user's own MPI calls.
   //! Its error handler is MPI_ERRORS_RETURN (cohort turns errors into exceptions): a raw MPI call
@@ -450,7 +461,7 @@ public:
     require_threads();
     detail::collect_gradients(params, options.missing, slots_, names_);
     detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
-                               options.missing);
+                               options.missing, {}, "overlapped");
     for (const auto& slot : slots_) {
       check_gradient_location(slot.grad.location);
     }
@@ -467,7 +478,7 @@ public:
     require_threads();
     slots_.assign(slots.begin(), slots.end());
     detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
-                               missing_grad::report);
+                               missing_grad::report, {}, "overlapped");
     for (const auto& slot : slots_) {
       check_gradient_location(slot.grad.location);
     }
@@ -479,7 +490,8 @@ public:
   template <parameter_set Params>
   void grad_ready(Params& params, std::size_t index) {
     overlap_state& o = pending_overlap("grad_ready");
-    if (index < slots_.size()) {
+    // A gradient already marked may be in flight on cohort's thread: never touch its view again.
+    if (index < slots_.size() && !o.ready[index]) {
       auto it = std::ranges::begin(params);
       std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
       const detail::grad_slot now = detail::collect_one(*it, o.missing);
@@ -496,13 +508,19 @@ public:
       }
       then.grad = now.grad;
     }
+    o.caller_marked = true;
     mark_ready(o, index);
   }
 
   //! Gradient `index` of the views given to `start_grad_sync` is final.
-  void grad_ready(std::size_t index) { mark_ready(pending_overlap("grad_ready"), index); }
+  void grad_ready(std::size_t index) {
+    overlap_state& o = pending_overlap("grad_ready");
+    o.caller_marked = true;
+    mark_ready(o, index);
+  }
 
-  //! Marks every gradient not yet ready as ready (in index order).
+  //! Marks every gradient not yet ready as ready (in index order). This order is never learned:
+  //! it says nothing of when backward produces the gradients.
   void mark_all_ready() {
     overlap_state& o = pending_overlap("grad_ready");
     for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -519,30 +537,61 @@ public:
     overlap_state& o = pending_overlap("wait");
     struct done_on_exit {
       overlap_state& o;
-      ~done_on_exit() { o.pending = false; }
+      ~done_on_exit() {
+        // Whatever threw, cohort's thread is done with this step before the next may start.
+        try {
+          o.worker.wait();
+        } catch (...) {
+        }
+        o.pending = false;
+      }
     } done{o};
     mark_all_ready();
     o.worker.wait();
+    // A problem found after the last bucket left (a gradient marked twice, say), or an error on
+    // cohort's thread: an error on every rank, the failing rank's own first.
+    std::string problem = o.problem_flag.load() ? o.problem : std::string();
+    if (problem.empty() && o.failure) {
+      problem = o.failure_message;
+    }
     if (options_.check_agreement) {
-      // A problem found after the last bucket left (a gradient marked twice, say).
-      settle_on(grad_world_, "allreduce_grad", 0,
-                o.problem_flag.load() ? o.problem : std::string());
-    } else if (o.problem_flag.load()) {
-      throw invalid_argument(o.problem);
+      try {
+        settle_on(grad_world_, "allreduce_grad", 0, problem);
+      } catch (...) {
+        if (o.failure) {
+          std::rethrow_exception(std::exchange(o.failure, nullptr));
+        }
+        throw;
+      }
+    } else if (o.failure) {
+      std::rethrow_exception(std::exchange(o.failure, nullptr));
+    } else if (!problem.empty()) {
+      throw invalid_argument(problem);
     }
     if (reduction_.learning()) {
-      // Every rank adopts rank 0's order, so the buckets stay the same everywhere.
-      std::vector<std::int64_t> order(o.seen.begin(), o.seen.end());
+      // Every rank adopts rank 0's order, so the buckets stay the same everywhere; and only an
+      // order the caller gave (not the index order of mark_all_ready) is worth learning.
+      std::vector<std::int64_t> order(o.seen.size() + 1);
+      order[0] = o.caller_marked ? 1 : 0;
+      std::copy(o.seen.begin(), o.seen.end(), order.begin() + 1);
       mpi::broadcast(grad_world_,
                      tensor_view{order.data(), order.size(), dtype::int64, memory_location::host},
                      0);
-      std::copy(order.begin(), order.end(), o.seen.begin());
-      reduction_.learn_order(std::span<const detail::grad_slot>(slots_), o.seen, o.reducer, size());
+      if (order[0] == 1) {
+        std::copy(order.begin() + 1, order.end(), o.seen.begin());
+        reduction_.learn_order(std::span<const detail::grad_slot>(slots_), o.seen, o.reducer,
+                               size());
+      }
     }
   }
 
   //! Whether an overlapped reduction has begun and not been waited on.
   bool grad_sync_pending() const noexcept { return overlap_ != nullptr && overlap_->pending; }
+
+  //! Counts the overlapped reductions begun so far (what tells a request its own one).
+  std::uint64_t grad_sync_generation() const noexcept {
+    return overlap_ != nullptr ? overlap_->generation : 0;
+  }
 
   //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
   std::size_t bucket_buffer_bytes() const noexcept { return reduction_.buffer_bytes(); }
@@ -551,6 +600,18 @@ public:
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
 
 protected:
+  //! Waits for an overlapped reduction still pending, dropping its errors. A strategy whose
+  //! `exchange` uses members of its own calls it from its destructor, before they go.
+  void finish_overlap() noexcept {
+    if (grad_sync_pending()) {
+      try {
+        wait_grad_sync();
+      } catch (...) {
+        // Called from destructors, which may not throw.
+      }
+    }
+  }
+
   //! What the strategy's own checks of the gradients' memory find on this rank ("" if nothing),
   //! before the ranks agree, so that a problem on one rank is an error on every rank: a strategy
   //! may declare `void check_gradient_memory(const detail::grad_slot&)`, which throws
@@ -775,8 +836,14 @@ private:
     std::vector<std::size_t> remaining; // per bucket: members not yet ready
     std::vector<std::size_t> seen;      // the order gradients became ready in
     std::size_t launched = 0;
+    bool caller_marked = false; // grad_ready was called, not only mark_all_ready
+    std::uint64_t generation = 0;
     std::string problem; // the first local problem; written before problem_flag is raised
     std::atomic<bool> problem_flag{false};
+    // An error on cohort's thread (an MPI error, say): kept, carried into the agreement of every
+    // later bucket and of wait(), so that every rank stops, and rethrown by wait() here.
+    std::exception_ptr failure;
+    std::string failure_message;
     detail::overlap_worker<overlap_state> worker; // last: its thread stops first
   };
 
@@ -843,9 +910,14 @@ private:
       o.remaining.push_back(b.member_count);
     }
     o.seen.clear();
+    o.seen.reserve(slots_.size());
+    ++o.generation;
     o.launched = 0;
+    o.caller_marked = false;
     o.problem.clear();
     o.problem_flag.store(false);
+    o.failure = nullptr;
+    o.failure_message.clear();
     o.worker.start(o);
     o.pending = true;
   }
@@ -893,16 +965,33 @@ private:
                    [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
   }
 
-  // On cohort's thread: one bucket, after the ranks agree that none found a problem so far.
+  // On cohort's thread: one bucket, after the ranks agree that none found a problem so far. A
+  // failure here is kept rather than thrown, so that the next agreement (of a bucket or of wait)
+  // carries it to every rank instead of this rank alone skipping collectives the others are in.
   void reduce_overlapped_bucket(overlap_state& o, std::size_t b) {
     if (options_.check_agreement) {
-      const bool bad = o.problem_flag.load(std::memory_order_acquire);
-      settle_on(grad_world_, "allreduce_grad", b, bad ? o.problem : std::string());
+      std::string problem =
+          o.problem_flag.load(std::memory_order_acquire) ? o.problem : std::string();
+      if (problem.empty() && o.failure) {
+        problem = o.failure_message;
+      }
+      const detail::bucket& k = reduction_.plan().buckets()[b];
+      detail::fingerprint f;
+      f.add(b).add(k.count).add(static_cast<std::uint64_t>(k.plan.wire));
+      settle_on(grad_world_, "allreduce_grad", f.value(), problem);
+    } else if (o.failure) {
+      return;
     }
-    reduction_.reduce_bucket(
-        b, std::span<const detail::grad_slot>(slots_),
-        [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); },
-        /*own_buffer=*/true);
+    try {
+      reduction_.reduce_bucket(
+          b, std::span<const detail::grad_slot>(slots_),
+          [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); },
+          /*own_buffer=*/true);
+    } catch (const std::exception& e) {
+      o.failure = std::current_exception();
+      o.failure_message = "cohort: allreduce_grad on rank " + std::to_string(rank()) + ": bucket " +
+                          std::to_string(b) + " failed: " + e.what();
+    }
   }
 
   boost::mpi::communicator comm_;

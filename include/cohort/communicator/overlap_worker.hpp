@@ -21,8 +21,10 @@ namespace detail {
 //! worker makes the blocking MPI calls itself, as Horovod's background thread does.
 //!
 //! `Owner::reduce_bucket(std::size_t)` does the work; the owner is named anew at each `start`, so
-//! the communicator may be moved between steps. After a bucket throws, the rest are skipped and
-//! `wait` rethrows.
+//! the communicator may be moved between steps. An exception out of `reduce_bucket` must be one
+//! every rank throws at the same bucket (the owner's agreement check): the rest are then skipped
+//! on every rank alike, and `wait` rethrows. Other failures the owner keeps to itself and carries
+//! into the next agreement.
 template <class Owner>
 class overlap_worker {
 public:

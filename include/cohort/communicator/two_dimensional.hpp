@@ -61,6 +61,11 @@ public:
     detail::require_equal_node_sizes(*this, "two_dimensional");
   }
 
+  two_dimensional(two_dimensional&&) noexcept = default;
+  two_dimensional& operator=(two_dimensional&&) noexcept = default;
+  // The ring's workspace is this class's: the reduction on cohort's thread ends before it goes.
+  ~two_dimensional() { this->finish_overlap(); }
+
 private:
   friend base;
 

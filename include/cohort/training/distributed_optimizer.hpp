@@ -154,6 +154,9 @@ public:
   void finish() {
     if constexpr (overlapping_communicator<communicator_type>) {
       if (options_.double_buffering && comm_->grad_sync_pending()) {
+        // The gradients are read again: they may have moved since the last step.
+        collect_(params_, options_.missing, slots_, names_);
+        require_same_layout("finish");
         comm_->wait_grad_sync();
         swap_copies();
         inner_.step();
@@ -239,19 +242,16 @@ private:
   bool swap_and_start() {
     if constexpr (overlapping_communicator<communicator_type>) {
       const bool had_previous = comm_->grad_sync_pending();
-      if (had_previous) {
-        comm_->wait_grad_sync();
-      }
+      // Checked before the previous reduction is waited for, so that a refused step loses
+      // nothing: that reduction stays pending, for the next step or finish().
       collect_(params_, options_.missing, slots_, names_);
       detail::validate_gradients(comm_->mpi_comm(), "distributed_optimizer::step", slots_,
                                  comm_->options().check_agreement, options_.missing);
-      if (!had_previous) {
+      if (had_previous) {
+        require_same_layout("step");
+        comm_->wait_grad_sync();
+      } else {
         make_copies();
-      } else if (!same_layout()) {
-        throw invalid_argument("cohort: distributed_optimizer::step on rank " +
-                               std::to_string(comm_->rank()) +
-                               ": with double_buffering the gradients must keep their sizes "
-                               "and dtypes from step to step");
       }
       swap_copies();
       comm_->start_grad_sync(std::span<const detail::grad_slot>(copy_slots_), reducer_);
@@ -264,18 +264,31 @@ private:
 
   void make_copies() {
     copies_.resize(slots_.size());
+    copy_names_.resize(slots_.size());
     copy_slots_.resize(slots_.size());
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       copies_[i].assign(slots_[i].grad.size_bytes(), std::byte{0});
+      copy_names_[i].assign(slots_[i].name);
       copy_slots_[i] = slots_[i];
       copy_slots_[i].grad.data = copies_[i].data();
     }
+    // Only now that the names have stopped moving may the views point into them.
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      copy_slots_[i].name = copy_names_[i];
+    }
   }
 
-  bool same_layout() const {
-    return std::ranges::equal(slots_, copy_slots_, [](const auto& a, const auto& b) {
-      return a.grad.count == b.grad.count && a.grad.type == b.grad.type;
+  // The reduced copy goes back to the parameter it came from, or nowhere.
+  void require_same_layout(std::string_view operation) const {
+    const bool same = std::ranges::equal(slots_, copy_slots_, [](const auto& a, const auto& b) {
+      return a.name == b.name && a.grad.count == b.grad.count && a.grad.type == b.grad.type;
     });
+    if (!same) {
+      throw invalid_argument("cohort: distributed_optimizer::" + std::string(operation) +
+                             " on rank " + std::to_string(comm_->rank()) +
+                             ": with double_buffering the parameters must keep their names, "
+                             "sizes and dtypes from step to step");
+    }
   }
 
   void swap_copies() {
@@ -300,6 +313,7 @@ private:
   std::vector<detail::grad_slot> slots_;
   std::vector<std::string> names_;
   std::vector<std::vector<std::byte>> copies_;
+  std::vector<std::string> copy_names_;
   std::vector<detail::grad_slot> copy_slots_;
 };
 
