@@ -63,6 +63,7 @@ public:
       }
       found->key = key;
       found->learned = false;
+      found->owned.clear(); // an evicted layout's overlap buffers are not this one's
       bucket_plan::reverse_order(slots.size(), order_);
       build(*found, slots, order_, reducer, ranks);
     }
