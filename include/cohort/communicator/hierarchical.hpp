@@ -13,7 +13,7 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
 //! Two levels, for nodes with fast links inside and one network link out (ChainerMN's
-//! hierarchical): each fused buffer is reduced to the node's first rank over `Intra`, all-reduced
+//! hierarchical): each bucket is reduced to the node's first rank over `Intra`, all-reduced
 //! among the nodes' first ranks over `Inter`, and broadcast back inside the node over `Intra`.
 //! Only one rank per node uses the network. Nodes may differ in size.
 template <class Intra = mpi_links, class Inter = mpi_links>

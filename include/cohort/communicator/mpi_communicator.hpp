@@ -336,7 +336,7 @@ public:
 
   //! Copies every parameter's value from `root` to every rank. The ranks first agree on the
   //! layout (names, sizes, dtypes) if the agreement check is on. Small values travel packed in
-  //! the fusion buffer's worth of bytes at a time, large ones in place, so no copy of the model
+  //! a bucket's worth of bytes at a time, large ones in place, so no copy of the model
   //! is made.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
