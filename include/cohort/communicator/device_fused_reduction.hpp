@@ -26,9 +26,9 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
 //! The device counterpart of bucketed_reduction, one bucket per dtype: the gradients of each
-//! dtype packed by one kernel
-//! launch into a reused device buffer in the reducer's wire dtype (cast and pre-scaled on the
-//! way), handed to `exchange`, and unpacked by one launch (post-scaled), all queued on `stream`.
+//! dtype packed by one kernel launch into a reused device buffer in the reducer's wire dtype (cast
+//! and pre-scaled on the way), handed to `exchange`, and unpacked by one launch (post-scaled), all
+//! queued on `stream`.
 //! Nothing is allocated once the buffers have grown to the model's size.
 class device_fused_reduction {
 public:
