@@ -413,11 +413,7 @@ public:
     detail::operation_scope scope("allreduce_grad");
     require_no_pending("allreduce_grad");
     detail::collect_gradients(params, options.missing, slots_, names_);
-    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
-                               options.missing, gradient_memory_problem());
-    for (const auto& slot : slots_) {
-      check_gradient_location(slot.grad.location);
-    }
+    validate_slots(options.missing, "blocking");
     if constexpr (!device_strategy()) {
       reduce_buckets(reducer);
     } else {
@@ -455,16 +451,10 @@ public:
   //! wrapper): start, say which gradient is ready, wait.
   template <parameter_set Params, reducer Reducer>
   void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
-    static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
     detail::operation_scope scope("allreduce_grad");
-    require_no_pending("begin_allreduce_grad");
-    require_threads();
+    require_overlap_possible();
     detail::collect_gradients(params, options.missing, slots_, names_);
-    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
-                               options.missing, {}, "overlapped");
-    for (const auto& slot : slots_) {
-      check_gradient_location(slot.grad.location);
-    }
+    validate_slots(options.missing, "overlapped");
     begin_overlap(reducer, options.missing);
   }
 
@@ -472,16 +462,10 @@ public:
   //! does not touch until `wait_grad_sync`): for a wrapper that reduces a copy of the gradients.
   template <reducer Reducer>
   void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
-    static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
     detail::operation_scope scope("allreduce_grad");
-    require_no_pending("begin_allreduce_grad");
-    require_threads();
+    require_overlap_possible();
     slots_.assign(slots.begin(), slots.end());
-    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement,
-                               missing_grad::report, {}, "overlapped");
-    for (const auto& slot : slots_) {
-      check_gradient_location(slot.grad.location);
-    }
+    validate_slots(missing_grad::report, "overlapped");
     begin_overlap(reducer, missing_grad::report);
   }
 
@@ -571,8 +555,8 @@ public:
     if (reduction_.learning()) {
       // Every rank adopts rank 0's order, so the buckets stay the same everywhere; and only an
       // order the caller gave (not the index order of mark_all_ready) is worth learning.
-      std::vector<std::int64_t> order(o.seen.size() + 1);
-      order[0] = o.caller_marked ? 1 : 0;
+      std::vector<std::int64_t>& order = o.order_message; // reused: no allocation per step
+      order.assign(o.seen.size() + 1, o.caller_marked ? 1 : 0);
       std::copy(o.seen.begin(), o.seen.end(), order.begin() + 1);
       mpi::broadcast(grad_world_,
                      tensor_view{order.data(), order.size(), dtype::int64, memory_location::host},
@@ -612,24 +596,27 @@ protected:
     }
   }
 
-  //! What the strategy's own checks of the gradients' memory find on this rank ("" if nothing),
-  //! before the ranks agree, so that a problem on one rank is an error on every rank: a strategy
-  //! may declare `void check_gradient_memory(const detail::grad_slot&)`, which throws
-  //! `invalid_argument`.
-  std::string gradient_memory_problem() {
-    if constexpr (requires(Strategy & s, const detail::grad_slot& slot) {
-                    s.check_gradient_memory(slot);
-                  }) {
-      return local_checks([&] {
-        for (const auto& slot : slots_) {
-          if (slot.state == detail::slot_state::ok && slot.grad.count != 0) {
-            self().check_gradient_memory(slot);
-          }
+  //! Checks `slots_` (collective): this rank's own problems first, where the gradients live and
+  //! what the strategy asks of their memory (a strategy may declare `void
+  //! check_gradient_memory(const detail::grad_slot&)`, which throws `invalid_argument`), then
+  //! the ranks agree on the layout, on those problems and on `mode`, so that a problem on one
+  //! rank is an error on every rank.
+  void validate_slots(missing_grad missing, std::string_view mode) {
+    const std::string problem = local_checks([&] {
+      for (const auto& slot : slots_) {
+        if (slot.state != detail::slot_state::ok || slot.grad.count == 0) {
+          continue;
         }
-      });
-    } else {
-      return {};
-    }
+        check_gradient_location(slot.grad.location);
+        if constexpr (requires(Strategy & s, const detail::grad_slot& g) {
+                        s.check_gradient_memory(g);
+                      }) {
+          self().check_gradient_memory(slot);
+        }
+      }
+    });
+    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement, missing,
+                               problem, mode);
   }
 
   //! Whether the strategy reduces device memory (it says so with `static constexpr bool
@@ -833,8 +820,9 @@ private:
     missing_grad missing = missing_grad::report;
     detail::recorded_reducer reducer;
     std::vector<char> ready;
-    std::vector<std::size_t> remaining; // per bucket: members not yet ready
-    std::vector<std::size_t> seen;      // the order gradients became ready in
+    std::vector<std::size_t> remaining;      // per bucket: members not yet ready
+    std::vector<std::size_t> seen;           // the order gradients became ready in
+    std::vector<std::int64_t> order_message; // rank 0's `seen`, broadcast while learning
     std::size_t launched = 0;
     bool caller_marked = false; // grad_ready was called, not only mark_all_ready
     std::uint64_t generation = 0;
@@ -874,6 +862,12 @@ private:
                              "starts one)");
     }
     return *overlap_;
+  }
+
+  void require_overlap_possible() const {
+    static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
+    require_no_pending("begin_allreduce_grad");
+    require_threads();
   }
 
   void require_threads() const {
