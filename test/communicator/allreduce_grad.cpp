@@ -207,6 +207,29 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp16_mean_does_not_overflow_where_fp32_would_not, 
   for (const auto g : grad) {
     BOOST_TEST(static_cast<float>(g) == 40000.0f);
   }
+  // The largest fp16 values: divided by 3 and summed in fp16, three thirds of 65504 round up to
+  // 65520, inf. Summed in float32 they cannot overflow, at any rank count.
+  std::vector<cohort::float16> edge = {cohort::float16(65504.0f), cohort::float16(-65504.0f),
+                                       cohort::float16(65504.0f)};
+  std::vector<param<cohort::float16>> edges{{"edge", &value, &edge}};
+  comm.allreduce_grad(edges, cohort::mean{});
+  BOOST_TEST(static_cast<float>(edge[0]) == 65504.0f);
+  BOOST_TEST(static_cast<float>(edge[1]) == -65504.0f);
+  comm.allreduce_grad(edges, cohort::compressed<cohort::float16>{});
+  BOOST_TEST(static_cast<float>(edge[0]) == 65504.0f);
+  // bfloat16's largest value is float32's range: divided first, then summed in float32.
+  const float top = static_cast<float>(cohort::bfloat16::from_bits(0x7f7f));
+  std::vector<cohort::bfloat16> bvalue(1), bgrad(1, cohort::bfloat16(top));
+  std::vector<param<cohort::bfloat16>> bparams{{"b", &bvalue, &bgrad}};
+  comm.allreduce_grad(bparams, cohort::mean{});
+  BOOST_TEST(static_cast<float>(bgrad[0]) == top);
+  // float32 gradients at fp16's edge, compressed to fp16 on the wire.
+  std::vector<float> fvalue(2), fgrad = {65504.0f, -65504.0f};
+  std::vector<param<float>> fparams{{"f", &fvalue, &fgrad}};
+  comm.allreduce_grad(fparams, cohort::compressed<cohort::float16>{});
+  BOOST_TEST(std::isfinite(fgrad[0]));
+  BOOST_TEST(std::abs(fgrad[0] - 65504.0f) <= 65504.0f * 1e-3f);
+  BOOST_TEST(std::abs(fgrad[1] + 65504.0f) <= 65504.0f * 1e-3f);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(compressed_puts_16_bits_on_the_wire, Strategy, reducing_strategies) {
@@ -372,18 +395,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(layout_mismatch_throws_on_every_rank, Strategy, re
 BOOST_AUTO_TEST_CASE_TEMPLATE(steady_state_allocates_nothing, Strategy, reducing_strategies) {
   auto comm = cohort::make_communicator<Strategy>();
   model<float> m(comm.size(), comm.rank());
-  model<cohort::float16> halves(comm.size(), comm.rank());
+  model<double> doubles(comm.size(), comm.rank());
   const std::vector<param<float>> params = m.params;
   comm.allreduce_grad(params, cohort::mean{}); // the first steps size the buffers
-  comm.allreduce_grad(halves.params, cohort::compressed<cohort::bfloat16>{});
+  comm.allreduce_grad(doubles.params, cohort::compressed<cohort::bfloat16>{});
   const long before = cohort::test::allocations();
   for (int step = 0; step < 5; ++step) {
     comm.allreduce_grad(params, cohort::mean{});
-    comm.allreduce_grad(halves.params, cohort::compressed<cohort::bfloat16>{});
+    comm.allreduce_grad(doubles.params, cohort::compressed<cohort::bfloat16>{});
   }
   BOOST_TEST(cohort::test::allocations() - before == 0);
   if constexpr (std::is_same_v<Strategy, cohort::flat>) {
-    // The last layout: float16 gradients, all of them cast to bfloat16 into one bucket.
+    // The last layout: float64 gradients, all of them cast to bfloat16 into one bucket.
     BOOST_TEST(comm.bucket_buffer_bytes() ==
                (0 + 1 + 3 + (comm.size() * 4 + 1) + 1000 + 4099) * 2u);
   }
@@ -412,4 +435,58 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_parameters_from_any_root, Strategy, redu
         comm.broadcast_parameters(params), cohort::mismatch_error,
         message_has({"broadcast_parameters", "parameter 'embedding'", "3 float32", "4 float32"}));
   }
+}
+
+// Issue 10, point 1: ranks that would reduce differently (another reducer, other bucket options,
+// another strategy) get a mismatch_error on every rank naming what differs and both values, and
+// nothing is reduced; before, one rank saw an MPI truncation error and another wrong numbers.
+BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() < 2) {
+    return;
+  }
+  const int last = comm.size() - 1;
+  const bool odd_one = comm.rank() == last;
+  const std::string last_rank = "rank " + std::to_string(last);
+  std::vector<float> v(4), g(4, 1.0f);
+  std::vector<param<float>> params{{"w", &v, &g}};
+  const auto reduce_with_sum_on_last = [&] {
+    if (odd_one) {
+      comm.allreduce_grad(params, cohort::sum{});
+    } else {
+      comm.allreduce_grad(params, cohort::mean{});
+    }
+  };
+  BOOST_CHECK_EXCEPTION(reduce_with_sum_on_last(), cohort::mismatch_error,
+                        message_has({"allreduce_grad", "the reducer's plan for float32 gradients",
+                                     "scaled by 1 before and 1 after", "rank 0", last_rank}));
+  BOOST_TEST(g == std::vector<float>(4, 1.0f), boost::test_tools::per_element());
+  const auto compress_on_last = [&] {
+    if (odd_one) {
+      comm.allreduce_grad(params, cohort::compressed<cohort::float16>{});
+    } else {
+      comm.allreduce_grad(params, cohort::mean{});
+    }
+  };
+  BOOST_CHECK_EXCEPTION(compress_on_last(), cohort::mismatch_error,
+                        message_has({"float16 on the wire", "float32 on the wire", last_rank}));
+  // Blocking on some ranks, overlapped on others: the mode is part of the plan (the overlapped
+  // path needs MPI_THREAD_MULTIPLE, which this test does not start; see communicator.overlap).
+
+  // Options and strategies are compared when the communicator is made, whatever
+  // check_agreement says.
+  BOOST_CHECK_EXCEPTION(
+      cohort::make_communicator<cohort::flat>({.bucket_bytes = odd_one ? 1024u : 4096u}),
+      cohort::mismatch_error,
+      message_has({"communicator creation", "bucket_bytes", "4096", "1024", last_rank}));
+  BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.check_agreement = !odd_one}),
+                        cohort::mismatch_error,
+                        message_has({"check_agreement", "true", "false", last_rank}));
+  BOOST_CHECK_EXCEPTION(cohort::any_communicator(odd_one ? "naive" : "flat"),
+                        cohort::mismatch_error,
+                        message_has({"the strategy", "flat", "naive", last_rank}));
+  // In agreement again, the same communicator still works.
+  comm.allreduce_grad(params, cohort::sum{});
+  BOOST_TEST(g == std::vector<float>(4, static_cast<float>(comm.size())),
+             boost::test_tools::per_element());
 }

@@ -2,6 +2,9 @@
 #define BOOST_TEST_MODULE training.distributed_optimizer
 #include <cohort/cohort.hpp>
 
+#include <algorithm>
+#include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -250,4 +253,163 @@ BOOST_AUTO_TEST_CASE(no_sync_accumulates_exactly_and_reduces_the_sum_once) {
   BOOST_CHECK_EXCEPTION(static_cast<void>(opt.no_sync()), cohort::invalid_argument,
                         message_has({"no_sync()", "enter no_sync before backward"}));
   opt.step();
+}
+
+// ---- issue 10: two optimizers, once-only reduction, hooks from many threads -------------------
+
+// Point 2: a GAN's generator and discriminator, each with its own parameters, on one
+// communicator, stepping alternately: each reduces exactly its own gradients, blocking or
+// overlapped; a step or a hook while the other's overlapped reduction is pending is an error
+// naming it, never a silent exchange of reductions.
+BOOST_AUTO_TEST_CASE(two_optimizers_on_one_communicator_each_reduce_their_own) {
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 12});
+  replica generator(comm.rank()), discriminator(comm.rank());
+  cohort::distributed_optimizer g{
+      recorder{{&generator.g1, &generator.g2}, {}}, comm, generator.params, {}, cohort::sum{}};
+  cohort::distributed_optimizer d{recorder{{&discriminator.g1, &discriminator.g2}, {}},
+                                  comm,
+                                  discriminator.params,
+                                  {},
+                                  cohort::sum{}};
+  const int n = comm.size();
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2); // sum over ranks of rank + 1
+  for (int t = 0; t < 4; ++t) {
+    const bool overlap = t % 2 == 1;
+    fill_step(discriminator, comm.rank(), 0);
+    fill_step(generator, comm.rank(), 100);
+    if (overlap) {
+      d.grad_ready(1);
+      d.grad_ready(0);
+    }
+    d.step();
+    if (overlap) {
+      g.grad_ready(0);
+      g.grad_ready(1);
+    }
+    g.step();
+    // The sum over ranks of rank + 1 + offset: the discriminator's with offset 0, the
+    // generator's with 100.
+    BOOST_TEST_REQUIRE(d.inner().seen.back()[0] == std::vector<float>(5, ranks_sum),
+                       boost::test_tools::per_element());
+    BOOST_TEST_REQUIRE(g.inner().seen.back()[0] == std::vector<float>(5, ranks_sum + 100.0f * n),
+                       boost::test_tools::per_element());
+  }
+  // Misuse: the generator's hooks or step while the discriminator's reduction is pending.
+  fill_step(discriminator, comm.rank(), 0);
+  fill_step(generator, comm.rank(), 100);
+  d.grad_ready(1);
+  BOOST_CHECK_EXCEPTION(g.grad_ready(0), cohort::invalid_argument,
+                        message_has({"grad_ready", "another optimizer's overlapped reduction"}));
+  BOOST_CHECK_EXCEPTION(g.step(), cohort::invalid_argument,
+                        message_has({"step", "another optimizer's overlapped reduction"}));
+  d.step();
+  g.step();
+  BOOST_TEST(d.inner().seen.back()[1] == std::vector<float>(3, 2.0f * ranks_sum),
+             boost::test_tools::per_element());
+  BOOST_TEST(g.inner().seen.back()[1] == std::vector<float>(3, 2.0f * ranks_sum + 100.0f * n),
+             boost::test_tools::per_element());
+}
+
+// Point 3: synchronize() then step() (to clip the reduced gradients) reduces once: with `sum`
+// the update is n * g, not n^2 * g; with overlap hooks too. Misuse is an error.
+BOOST_AUTO_TEST_CASE(synchronize_then_step_reduces_exactly_once) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  replica model(comm.rank());
+  const int n = comm.size();
+  cohort::distributed_optimizer opt{
+      recorder{{&model.g1, &model.g2}, {}}, comm, model.params, {}, cohort::sum{}};
+  for (const bool overlap : {false, true}) {
+    model.g1.assign(5, 1.0f);
+    model.g2.assign(3, 1.0f);
+    if (overlap) {
+      opt.grad_ready(0);
+      opt.grad_ready(1);
+    }
+    opt.synchronize();
+    BOOST_TEST(model.g1[0] == static_cast<float>(n));
+    BOOST_CHECK_EXCEPTION(opt.synchronize(), cohort::invalid_argument,
+                          message_has({"synchronize() on rank", "twice before a step"}));
+    BOOST_CHECK_EXCEPTION(opt.grad_ready(0), cohort::invalid_argument,
+                          message_has({"after synchronize()"}));
+    // Clipping, by the user, between the reduction and the update.
+    for (auto& g : model.g2) {
+      g = std::min(g, 1.5f);
+    }
+    opt.step();
+    BOOST_TEST_REQUIRE(opt.inner().seen.back()[0] == std::vector<float>(5, static_cast<float>(n)),
+                       boost::test_tools::per_element());
+    BOOST_TEST_REQUIRE(opt.inner().seen.back()[1] ==
+                           std::vector<float>(3, std::min(static_cast<float>(n), 1.5f)),
+                       boost::test_tools::per_element());
+  }
+  // And the next step reduces again.
+  model.g1.assign(5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  opt.step();
+  BOOST_TEST(opt.inner().seen.back()[0] == std::vector<float>(5, static_cast<float>(n)),
+             boost::test_tools::per_element());
+  // A parameter marked ready twice in one step: an error on every rank at step().
+  opt.grad_ready(0);
+  opt.grad_ready(0);
+  // (invalid_argument where the ranks saw it at the same point, mismatch_error where the
+  // reduction thread of one rank had already agreed on the bucket: either names it.)
+  BOOST_CHECK_EXCEPTION(opt.step(), cohort::error, message_has({"marked ready twice in one step"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+}
+
+// Point 6: LibTorch's autograd engine calls hooks from its own threads. grad_ready from several
+// threads at once, from the very first step (which begins the reduction and agrees on the
+// layout), gives the same result as the blocking wrapper. Run under ThreadSanitizer in CI.
+BOOST_AUTO_TEST_CASE(grad_ready_from_many_threads_from_the_first_step) {
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 64});
+  constexpr std::size_t tensors = 24;
+  struct many {
+    std::vector<std::vector<float>> w, g;
+    std::vector<cohort::parameter_ref<std::vector<float>>> params;
+    many()
+        : w(tensors)
+        , g(tensors) {
+      for (std::size_t t = 0; t < tensors; ++t) {
+        w[t].assign(t % 5 + 1, 0.0f);
+        g[t].assign(t % 5 + 1, 0.0f);
+      }
+      for (std::size_t t = 0; t < tensors; ++t) {
+        params.push_back({std::string("p") + std::to_string(t), &w[t], &g[t]});
+      }
+    }
+  };
+  many threaded, blocking;
+  cohort::distributed_optimizer a{sgd{}, comm, threaded.params};
+  cohort::distributed_optimizer b{sgd{}, comm, blocking.params};
+  for (std::size_t t = 0; t < tensors; ++t) {
+    a.inner().weights.push_back(&threaded.w[t]);
+    a.inner().grads.push_back(&threaded.g[t]);
+    b.inner().weights.push_back(&blocking.w[t]);
+    b.inner().grads.push_back(&blocking.g[t]);
+  }
+  for (int step = 0; step < 5; ++step) {
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const float value = static_cast<float>(comm.rank() * 7 + static_cast<int>(t) + step);
+      threaded.g[t].assign(threaded.g[t].size(), value);
+      blocking.g[t].assign(blocking.g[t].size(), value);
+    }
+    std::vector<std::thread> hooks;
+    for (std::size_t worker = 0; worker < 4; ++worker) {
+      hooks.emplace_back([&, worker] {
+        for (std::size_t t = tensors; t-- > 0;) {
+          if (t % 4 == worker) {
+            a.grad_ready(t);
+          }
+        }
+      });
+    }
+    for (auto& hook : hooks) {
+      hook.join();
+    }
+    a.step();
+    b.step();
+    for (std::size_t t = 0; t < tensors; ++t) {
+      BOOST_TEST_REQUIRE(threaded.w[t] == blocking.w[t], boost::test_tools::per_element());
+    }
+  }
 }

@@ -43,6 +43,22 @@ struct ring_options {
 //! messages), so that a call allocates nothing once the first has sized them.
 class ring_workspace {
 public:
+  //! Makes room for a ring over `ranks` ranks on `count` elements of `type` with `options`, so
+  //! that the ring itself allocates nothing: a failure to allocate then happens here, before any
+  //! message is sent.
+  void prepare(std::size_t count, dtype type, int ranks, const ring_options& options) {
+    if (ranks <= 1) {
+      return;
+    }
+    const std::size_t block =
+        (count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    reserve(block * size_of(type));
+    const std::size_t chunk = std::max<std::size_t>(1, options.chunk_bytes / size_of(type));
+    const std::size_t chunks = (block + chunk - 1) / chunk + 1;
+    receives_.reserve(chunks);
+    sends_.reserve(chunks);
+  }
+
   std::byte* reserve(std::size_t bytes) {
     if (buffer_.size() < bytes) {
       buffer_.resize(bytes);

@@ -7,7 +7,9 @@
 // mismatch_error naming the first difference, the ranks and both sides, instead of hanging or
 // reducing misaligned buffers.
 
+#include <cohort/communicator/liveness.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/transport/mpi.hpp>
 
@@ -16,9 +18,11 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -94,30 +98,57 @@ inline std::string describe_mismatch(std::string_view operation,
              " passes " + std::to_string(other.size());
     }
   }
-  return message + "their fingerprints differ but their descriptions do not";
+  return message + "their fingerprints differ, but the descriptions they exchanged are the same "
+                   "(something this call does not describe differs: a cohort bug, please report)";
 }
 
-//! Checks that every rank of `comm` passed the same thing. `hash` is this rank's fingerprint;
-//! `describe()` gives its full description and is called only when the fingerprints differ.
-//! Throws `mismatch_error` on every rank when they do.
-template <class Describe>
-void require_agreement(const boost::mpi::communicator& comm, std::string_view operation,
-                       std::uint64_t hash, Describe&& describe) {
-  if (comm.size() == 1) {
+//! Checks that every rank of the communicator behind `live` passed the same things, at the
+//! rendezvous of thread `who` (see liveness.hpp: a peer that left or stalled ends the job instead
+//! of hanging it). Each pair is a fingerprint of this rank's and the full description it stands
+//! for, asked for only when the fingerprints differ. Throws `mismatch_error` on every rank when
+//! they do, naming the first item that differs (in the first pair that differs), both values and
+//! both ranks. Several pairs cost one rendezvous, and keep each description's item numbers.
+template <class... Describe>
+void require_agreement_of(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
+                          std::pair<std::uint64_t, Describe>... checks) {
+  if (live.size() == 1) {
     return;
   }
-  // max(h) and max(~h) = ~min(h) in one all-reduce: they are equal on every rank exactly when
+  // max(h) and max(~h) = ~min(h) in one reduction: they are equal on every rank exactly when
   // every rank passed the same h.
-  std::uint64_t bounds[2] = {hash, ~hash};
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_UINT64_T, MPI_MAX, comm),
-             "MPI_Allreduce (agreement check)", comm);
-  if (bounds[0] == ~bounds[1]) {
+  constexpr std::size_t n = sizeof...(Describe);
+  std::array<std::uint64_t, 2 * n> bounds{};
+  std::size_t i = 0;
+  ((bounds[i] = checks.first, bounds[i + n] = ~checks.first, ++i), ...);
+  live.allreduce_max(who, bounds, operation, sequence);
+  std::size_t differing = 0;
+  while (differing < n && bounds[differing] == ~bounds[differing + n]) {
+    ++differing;
+  }
+  if (differing == n) {
     return;
   }
+  // Every rank has arrived (each contributed to the bounds): the exchange below cannot wait for
+  // a rank that never comes, only for one that dies now, which the watchdog covers.
+  std::vector<signature_entry> mine;
+  i = 0;
+  ((i++ == differing ? (mine = checks.second(), 0) : 0), ...);
   std::vector<std::vector<signature_entry>> all;
-  mpi::translate("all_gather (agreement check)", comm,
-                 [&] { boost::mpi::all_gather(comm, describe(), all); });
+  const boost::mpi::communicator comm(live.channel(who), boost::mpi::comm_attach);
+  {
+    const watch_scope watch(live.slot(who), operation, sequence, 0, true);
+    mpi::translate("all_gather (agreement check)", comm,
+                   [&] { boost::mpi::all_gather(comm, mine, all); });
+  }
   throw mismatch_error(describe_mismatch(operation, all));
+}
+
+//! `require_agreement_of` with one fingerprint.
+template <class Describe>
+void require_agreement(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
+                       std::uint64_t hash, Describe&& describe) {
+  require_agreement_of(live, who, operation, sequence,
+                       std::pair<std::uint64_t, Describe&>(hash, describe));
 }
 
 //! "N dtype elements", the description of a tensor in messages.

@@ -225,12 +225,29 @@ public:
   }
   template <reducer Reducer>
   requires overlapping void start_grad_sync(std::span<const detail::grad_slot> slots,
-                                            const Reducer& reducer) {
-    call([&](auto& c) { c.start_grad_sync(slots, reducer); });
+                                            const Reducer& reducer, const void* owner = nullptr) {
+    call([&](auto& c) { c.start_grad_sync(slots, reducer, owner); });
   }
   template <parameter_set Params>
   requires overlapping void grad_ready(Params& params, std::size_t index) {
     call([&](auto& c) { c.grad_ready(params, index); });
+  }
+  template <parameter_set Params, reducer Reducer>
+  requires overlapping void grad_ready_for(const void* owner, Params& params,
+                                           const Reducer& reducer, grad_sync_options options,
+                                           std::size_t index) {
+    call([&](auto& c) { c.grad_ready_for(owner, params, reducer, options, index); });
+  }
+  void abandon_grad_sync(std::string_view why) noexcept requires overlapping {
+    call([&](auto& c) { c.abandon_grad_sync(why); });
+  }
+  template <reducer Reducer>
+  requires overlapping void validate_grad_sync(std::span<const detail::grad_slot> slots,
+                                               const Reducer& reducer, missing_grad missing) {
+    call([&](auto& c) { c.validate_grad_sync(slots, reducer, missing); });
+  }
+  bool grad_sync_pending_for(const void* owner) const noexcept {
+    return read([&](const auto& c) { return c.grad_sync_pending_for(owner); });
   }
   void grad_ready(std::size_t index) requires overlapping {
     call([&](auto& c) { c.grad_ready(index); });

@@ -91,6 +91,9 @@ public:
   //! The plan of the last layout prepared.
   const bucket_plan& plan() const noexcept { return current_->plan; }
 
+  //! The key (layout and reducer) of the current plan.
+  std::uint64_t current_key() const noexcept { return current_ != nullptr ? current_->key : 0; }
+
   //! Whether the current layout's plan still has its order to learn.
   bool learning() const noexcept { return current_ != nullptr && !current_->learned; }
 

@@ -13,6 +13,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <span>
 #include <vector>
 
 namespace cohort {
@@ -60,10 +61,18 @@ template <class C>
 concept overlapping_communicator = communicator<C> && !requires {
   requires C::reduces_gpu_memory;
 }
-&&requires(C& c, detail::parameters_archetype& params, std::size_t i) {
+&&requires(C& c, const C& cc, detail::parameters_archetype& params, std::size_t i,
+           const void* owner, std::span<const detail::grad_slot> slots) {
   c.start_grad_sync(params, detail::reducer_archetype{}, grad_sync_options{});
+  c.start_grad_sync(slots, detail::reducer_archetype{}, owner);
   c.grad_ready(params, i);
+  c.grad_ready_for(owner, params, detail::reducer_archetype{}, grad_sync_options{}, i);
+  c.mark_all_ready();
   c.wait_grad_sync();
+  c.abandon_grad_sync("why");
+  c.validate_grad_sync(slots, detail::reducer_archetype{}, missing_grad::report);
+  { cc.grad_sync_pending() } -> std::same_as<bool>;
+  { cc.grad_sync_pending_for(owner) } -> std::same_as<bool>;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -17,26 +18,31 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! buckets before it are on their way); `wait()` marks the rest ready and returns when every
 //! gradient is reduced, rethrowing any error. The gradients must not be touched between `ready`
 //! and `wait`. Destroying a request that was not waited on waits for it, and an error is then
-//! lost: call `wait()`. A request belongs to one reduction: once that one is over (waited on
-//! here or through the communicator), the request is done.
+//! lost: call `wait()`; destroyed by an exception unwinding the stack (backward failed), it
+//! abandons the reduction instead (`abandon_grad_sync`): what was not marked ready is never sent. A
+//! request belongs to one reduction: once that one is over (waited on here or through the
+//! communicator), the request is done.
 template <class Communicator, class Params>
 class grad_sync_request {
 public:
   grad_sync_request(Communicator& comm, Params& params) noexcept
       : comm_(&comm)
       , params_(&params)
-      , generation_(comm.grad_sync_generation()) {}
+      , generation_(comm.grad_sync_generation())
+      , exceptions_(std::uncaught_exceptions()) {}
 
   grad_sync_request(grad_sync_request&& other) noexcept
       : comm_(std::exchange(other.comm_, nullptr))
       , params_(other.params_)
-      , generation_(other.generation_) {}
+      , generation_(other.generation_)
+      , exceptions_(other.exceptions_) {}
   grad_sync_request& operator=(grad_sync_request&& other) noexcept {
     if (this != &other) {
       finish_quietly();
       comm_ = std::exchange(other.comm_, nullptr);
       params_ = other.params_;
       generation_ = other.generation_;
+      exceptions_ = other.exceptions_;
     }
     return *this;
   }
@@ -71,6 +77,11 @@ private:
   }
 
   void finish_quietly() noexcept {
+    if (pending() && std::uncaught_exceptions() > exceptions_) {
+      std::exchange(comm_, nullptr)
+          ->abandon_grad_sync("its grad_sync_request was destroyed during the unwinding of an "
+                              "exception");
+    }
     if (pending()) {
       try {
         std::exchange(comm_, nullptr)->wait_grad_sync();
@@ -84,6 +95,7 @@ private:
   Communicator* comm_;
   Params* params_;
   std::uint64_t generation_;
+  int exceptions_; // in flight when the request was made: more at destruction means unwinding
 };
 
 } // namespace COHORT_ABI_NAMESPACE

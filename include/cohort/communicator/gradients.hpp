@@ -6,6 +6,8 @@
 // any buffer is reduced.
 
 #include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/grad_reduction.hpp>
+#include <cohort/communicator/liveness.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/tensor/concepts.hpp>
@@ -14,7 +16,10 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <bit>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <span>
 #include <string>
 #include <string_view>
@@ -127,22 +132,82 @@ inline std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
   return f.value();
 }
 
-//! Checks that every rank has the same gradient layout (if `check`), then that it is usable.
-//! With the check on, a local problem is found on every rank at once, so every rank throws:
-//! a bad slot, or `problem`, what the strategy's own checks of the gradients found on this rank
-//! (memory of another device, say).
-//! `mode` names how the gradients are about to be reduced ("blocking", "overlapped"): ranks that
-//! would reduce them in different ways would issue different collectives, so they must agree on
-//! it too.
-inline void validate_gradients(const boost::mpi::communicator& comm, std::string_view operation,
-                               std::span<const grad_slot> slots, bool check, missing_grad missing,
-                               const std::string& problem = {},
-                               std::string_view mode = "blocking") {
+//! The dtypes among `slots` that have a gradient to reduce, as a bit mask over `all_dtypes`.
+inline unsigned present_dtypes(std::span<const grad_slot> slots) noexcept {
+  unsigned mask = 0;
+  for (const auto& slot : slots) {
+    if (slot.state == slot_state::ok && slot.grad.count != 0) {
+      mask |= 1u << dtype_index(slot.grad.type);
+    }
+  }
+  return mask;
+}
+
+//! "summed as float16 on the wire, scaled by 0.5 before and 1 after", for messages.
+inline std::string describe_reduction(const grad_reduction& plan) {
+  const auto number = [](double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", value);
+    return std::string(text);
+  };
+  return std::string(to_string(plan.op)) + " over " + std::string(to_string(plan.wire)) +
+         " on the wire, scaled by " + number(plan.pre_scale) + " before and " +
+         number(plan.post_scale) + " after";
+}
+
+//! What every rank must agree on before gradients move, beside their layout: how each dtype
+//! present is reduced (the reducer's plan), and in which mode (blocking, overlapped).
+//! `plan_of(dtype)` gives the reducer's plan for a dtype.
+template <class PlanOf>
+std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots, std::string_view mode,
+                                    PlanOf&& plan_of) {
+  fingerprint f;
+  f.add(mode);
+  const unsigned present = present_dtypes(slots);
+  for (std::size_t d = 0; d < dtype_count; ++d) {
+    if ((present & (1u << d)) != 0) {
+      const grad_reduction plan = plan_of(all_dtypes[d]);
+      f.add(d)
+          .add(static_cast<std::uint64_t>(plan.wire))
+          .add(std::bit_cast<std::uint64_t>(plan.pre_scale))
+          .add(std::bit_cast<std::uint64_t>(plan.post_scale))
+          .add(static_cast<std::uint64_t>(plan.op));
+    }
+  }
+  return f.value();
+}
+
+template <class PlanOf>
+std::vector<signature_entry> describe_reduction_plan(std::span<const grad_slot> slots,
+                                                     PlanOf&& plan_of) {
+  std::vector<signature_entry> entries;
+  const unsigned present = present_dtypes(slots);
+  for (std::size_t d = 0; d < dtype_count; ++d) {
+    if ((present & (1u << d)) != 0) {
+      entries.push_back(
+          {"the reducer's plan for " + std::string(to_string(all_dtypes[d])) + " gradients",
+           describe_reduction(plan_of(all_dtypes[d]))});
+    }
+  }
+  return entries;
+}
+
+//! Checks that every rank has the same gradient layout and reduction plan (if `check`), then that
+//! the gradients are usable. With the check on, a local problem is found on every rank at once,
+//! so every rank throws: a bad slot, or `problem`, what this rank's own checks found (memory of
+//! another device, a buffer that could not be allocated...). `mode` names how the gradients are
+//! about to be reduced ("blocking", "overlapped"): ranks that would reduce them in different ways
+//! would issue different collectives, so they agree on it too, as on the reducer's plan for each
+//! dtype (`plan_of`), since ranks that scale or cast differently would silently diverge.
+template <class PlanOf>
+void validate_gradients(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
+                        std::span<const grad_slot> slots, bool check, missing_grad missing,
+                        const std::string& problem, std::string_view mode, PlanOf&& plan_of) {
   if (check) {
     fingerprint f;
     f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
     f.add(mode);
-    require_agreement(comm, operation, f.value(), [&] {
+    const auto describe_layout = [&] {
       std::vector<signature_entry> entries;
       entries.reserve(slots.size() + 2);
       if (!problem.empty()) {
@@ -156,7 +221,14 @@ inline void validate_gradients(const boost::mpi::communicator& comm, std::string
         entries.push_back({slot_label(slot), slot_description(slot)});
       }
       return entries;
-    });
+    };
+    // The plan is compared only where the layouts agree (it follows from the layout's dtypes).
+    const auto describe_plan = [&] { return describe_reduction_plan(slots, plan_of); };
+    require_agreement_of(
+        live, who, operation, sequence,
+        std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout),
+        std::pair<std::uint64_t, decltype(describe_plan)&>(
+            reduction_fingerprint(slots, mode, plan_of), describe_plan));
   }
   if (!problem.empty()) {
     throw invalid_argument(problem);
@@ -167,7 +239,7 @@ inline void validate_gradients(const boost::mpi::communicator& comm, std::string
       continue;
     }
     std::string message = "cohort: " + std::string(operation) + ": " + slot_label(slot) + " (#" +
-                          std::to_string(i) + ") on rank " + std::to_string(comm.rank()) + " has " +
+                          std::to_string(i) + ") on rank " + std::to_string(live.rank()) + " has " +
                           slot_description(slot);
     if (slot.state == slot_state::missing) {
       message += missing == missing_grad::report

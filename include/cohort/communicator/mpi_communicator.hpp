@@ -14,11 +14,13 @@
 #include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/liveness.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/overlap_worker.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
+#include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/host.hpp>
 #include <cohort/reduce_op.hpp>
@@ -39,7 +41,10 @@
 #include <exception>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -61,20 +66,6 @@ constexpr bool may_live_on_host() {
   }
 }
 
-//! A reducer's plans for every dtype, recorded once: what a plan rebuilt later (when the order of
-//! readiness is learned) is built from, without keeping the reducer's type.
-struct recorded_reducer {
-  std::array<grad_reduction, dtype_count> plans;
-
-  recorded_reducer() = default;
-  template <reducer Reducer>
-  recorded_reducer(const Reducer& reducer, int ranks) {
-    for (std::size_t d = 0; d < plans.size(); ++d) {
-      plans[d] = reducer.plan(all_dtypes[d], ranks);
-    }
-  }
-  grad_reduction plan(dtype type, int) const { return plans[dtype_index(type)]; }
-};
 } // namespace detail
 
 //! A tensor that may be in host memory: any tensor but one whose type says it lives on the
@@ -87,14 +78,23 @@ class mpi_communicator {
 public:
   //! Builds the communicator over a duplicate of `comm` (so that cohort's messages never match
   //! the user's), and works out the topology. Collective over `comm`.
+  //! Every rank must pass the same strategy and options: they are compared here, whatever
+  //! `check_agreement` says, and a difference throws `mismatch_error` on every rank naming the
+  //! option and both values.
   explicit mpi_communicator(const boost::mpi::communicator& comm, communicator_options options = {})
-      : comm_(checked_duplicate(comm))
+      : live_(make_liveness(comm, options))
       , options_(options)
-      , layout_(discover_topology(comm_, options.simulated_ranks_per_node))
-      , grad_world_(checked_duplicate(comm_))
-      , grad_intra_(checked_duplicate(layout_.intra))
-      , grad_inter_(checked_duplicate(layout_.inter))
-      , reduction_(bucketing(options)) {}
+      , reduction_(bucketing(options))
+      , overlap_(std::make_unique<overlap_state>()) {
+    agree_on_options();
+    const detail::watch_scope watch(live_->slot(detail::waiter::caller), "communicator creation",
+                                    live_->sequence(detail::waiter::caller), 0, true);
+    comm_ = checked_duplicate(comm);
+    layout_ = discover_topology(comm_, options.simulated_ranks_per_node);
+    grad_world_ = checked_duplicate(comm_);
+    grad_intra_ = checked_duplicate(layout_.intra);
+    grad_inter_ = checked_duplicate(layout_.inter);
+  }
 
   int rank() const noexcept { return layout_.topo.rank; }
   int size() const noexcept { return layout_.topo.size; }
@@ -104,15 +104,53 @@ public:
   int inter_size() const noexcept { return layout_.topo.inter_size; }
   const cohort::topology& topology() const noexcept { return layout_.topo; }
 
-  mpi_communicator(mpi_communicator&&) noexcept = default;
-  mpi_communicator& operator=(mpi_communicator&&) noexcept = default;
+  //! A reduction still pending on `other` is abandoned first (see `abandon_grad_sync`): cohort's
+  //! thread reads the communicator it began on.
+  mpi_communicator(mpi_communicator&& other) noexcept
+      : live_((other.abandon_grad_sync("its communicator was moved from"), std::move(other.live_)))
+      , comm_(std::move(other.comm_))
+      , options_(other.options_)
+      , layout_(std::move(other.layout_))
+      , grad_world_(std::move(other.grad_world_))
+      , grad_intra_(std::move(other.grad_intra_))
+      , grad_inter_(std::move(other.grad_inter_))
+      , reduction_(std::move(other.reduction_))
+      , overlap_(std::move(other.overlap_))
+      , slots_(std::move(other.slots_))
+      , names_(std::move(other.names_)) {}
+
+  //! Abandons a reduction pending on either side, then takes `other`'s place (this rank leaves
+  //! the communicator it had: its peers are told, see liveness.hpp).
+  mpi_communicator& operator=(mpi_communicator&& other) noexcept {
+    if (this != &other) {
+      abandon_grad_sync("its communicator was replaced by move assignment");
+      other.abandon_grad_sync("its communicator was moved from");
+      overlap_ = std::move(other.overlap_);
+      slots_ = std::move(other.slots_);
+      names_ = std::move(other.names_);
+      reduction_ = std::move(other.reduction_);
+      grad_inter_ = std::move(other.grad_inter_);
+      grad_intra_ = std::move(other.grad_intra_);
+      grad_world_ = std::move(other.grad_world_);
+      layout_ = std::move(other.layout_);
+      options_ = other.options_;
+      comm_ = std::move(other.comm_);
+      live_ = std::move(other.live_);
+    }
+    return *this;
+  }
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
 
-  //! Finishes an overlapped reduction still pending (its errors are lost here: call wait), so
-  //! that cohort's thread never outlives what it reads, and the other ranks are not left in the
-  //! collectives of buckets this rank would never send.
-  ~mpi_communicator() { finish_overlap(); }
+  //! Abandons an overlapped reduction still pending (the other ranks get an error; nothing this
+  //! rank did not mark ready is sent), so that cohort's thread never outlives what it reads and
+  //! no rank is left waiting in the collectives of buckets this rank would never send. Then tells
+  //! the other ranks that this rank leaves the communicator.
+  ~mpi_communicator() {
+    abandon_grad_sync(std::uncaught_exceptions() > 0
+                          ? "its communicator was destroyed during the unwinding of an exception"
+                          : "its communicator was destroyed");
+  }
 
   //! The Boost.MPI communicator underneath (cohort's duplicate), for the user's own MPI calls.
   //! Its error handler is MPI_ERRORS_RETURN (cohort turns errors into exceptions): a raw MPI call
@@ -135,14 +173,21 @@ public:
     });
     settle("split", detail::fingerprint{}.value(), nullptr, problem);
     MPI_Comm part = MPI_COMM_NULL;
-    mpi::check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split", comm_);
+    {
+      const auto watch = watch_transfer("split", 0);
+      mpi::check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split", comm_);
+    }
     const boost::mpi::communicator adopted = detail::adopt(part);
     return Strategy(adopted, options_);
   }
 
+  //! Returns once every rank has called it. A rank that never comes ends the job after the
+  //! timeout, naming it.
   void barrier() const {
     detail::operation_scope scope("barrier");
-    mpi::check(MPI_Barrier(comm_), "MPI_Barrier", comm_);
+    std::array<std::uint64_t, 1> nothing{};
+    live_->allreduce_max(detail::waiter::caller, nothing, "barrier",
+                         live_->next_sequence(detail::waiter::caller));
   }
 
   // ---- tensor collectives ------------------------------------------------------------------
@@ -155,6 +200,7 @@ public:
     tensor_view v;
     const std::string problem = local_checks([&] { v = host_view(t, "allreduce"); });
     agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
+    const auto watch = watch_transfer("allreduce", v.size_bytes());
     mpi::allreduce(comm_, v, op);
   }
 
@@ -179,6 +225,7 @@ public:
       check_root(root, "broadcast");
     });
     agree("broadcast", v.count, v.type, root, "root", problem);
+    const auto watch = watch_transfer("broadcast", v.size_bytes());
     mpi::broadcast(comm_, v, root);
   }
 
@@ -208,6 +255,7 @@ public:
       check_blocks(i, o, "allgather");
     });
     agree("allgather", i.count, i.type, 0, "", problem);
+    const auto watch = watch_transfer("allgather", o.size_bytes());
     mpi::allgather(comm_, i, o);
   }
 
@@ -239,6 +287,7 @@ public:
       check_blocks(o, i, "reduce_scatter");
     });
     agree("reduce_scatter", o.count, o.type, static_cast<int>(op), "op", problem);
+    const auto watch = watch_transfer("reduce_scatter", i.size_bytes());
     mpi::reduce_scatter(comm_, i, o, op);
   }
 
@@ -248,7 +297,9 @@ public:
   void send(const T& t, int dest, int tag = 0) {
     detail::operation_scope scope("send");
     check_peer(dest, "send");
-    mpi::send(comm_, host_const_view(t, "send"), dest, tag);
+    const const_tensor_view v = host_const_view(t, "send");
+    const auto watch = watch_point_to_point("send", v.size_bytes());
+    mpi::send(comm_, v, dest, tag);
   }
 
   //! Non-blocking `send`.
@@ -265,7 +316,9 @@ public:
   void recv(T& t, int source, int tag = 0) {
     detail::operation_scope scope("recv");
     check_peer(source, "recv");
-    mpi::recv(comm_, host_view(t, "recv"), source, tag);
+    const tensor_view v = host_view(t, "recv");
+    const auto watch = watch_point_to_point("recv", v.size_bytes());
+    mpi::recv(comm_, v, source, tag);
   }
 
   //! Non-blocking `recv`.
@@ -284,6 +337,7 @@ public:
     detail::operation_scope scope("bcast_obj");
     agree_root("bcast_obj", root);
     T value = rank() == root ? obj : T{};
+    const auto watch = watch_transfer("bcast_obj", 0);
     mpi::translate("bcast_obj", comm_, [&] { boost::mpi::broadcast(comm_, value, root); });
     return value;
   }
@@ -294,6 +348,7 @@ public:
     detail::operation_scope scope("gather_obj");
     agree_root("gather_obj", root);
     std::vector<T> all;
+    const auto watch = watch_transfer("gather_obj", 0);
     mpi::translate("gather_obj", comm_, [&] { boost::mpi::gather(comm_, obj, all, root); });
     return all;
   }
@@ -302,6 +357,8 @@ public:
   template <class T>
   std::vector<T> allgather_obj(const T& obj) {
     detail::operation_scope scope("allgather_obj");
+    settle("allgather_obj", detail::fingerprint{}.add("allgather_obj").value(), nullptr, {});
+    const auto watch = watch_transfer("allgather_obj", 0);
     std::vector<T> all;
     mpi::translate("allgather_obj", comm_, [&] { boost::mpi::all_gather(comm_, obj, all); });
     return all;
@@ -311,6 +368,8 @@ public:
   template <class T, class Op = std::plus<T>>
   T allreduce_obj(const T& obj, Op op = {}) {
     detail::operation_scope scope("allreduce_obj");
+    settle("allreduce_obj", detail::fingerprint{}.add("allreduce_obj").value(), nullptr, {});
+    const auto watch = watch_transfer("allreduce_obj", 0);
     T result{};
     mpi::translate("allreduce_obj", comm_, [&] { boost::mpi::all_reduce(comm_, obj, result, op); });
     return result;
@@ -320,6 +379,7 @@ public:
   void send_obj(const T& obj, int dest, int tag = 0) {
     detail::operation_scope scope("send_obj");
     check_peer(dest, "send_obj");
+    const auto watch = watch_point_to_point("send_obj", 0);
     mpi::translate("send_obj", comm_, [&] { comm_.send(dest, tag, obj); });
   }
 
@@ -328,6 +388,7 @@ public:
     detail::operation_scope scope("recv_obj");
     check_peer(source, "recv_obj");
     T obj{};
+    const auto watch = watch_point_to_point("recv_obj", 0);
     mpi::translate("recv_obj", comm_, [&] { comm_.recv(source, tag, obj); });
     return obj;
   }
@@ -371,6 +432,7 @@ public:
 
     const std::size_t capacity = options_.bucket_bytes;
     const std::size_t threshold = std::min(options_.fusion_threshold_bytes, capacity);
+    const auto watch = watch_transfer("broadcast_parameters", 0);
     std::vector<std::byte> buffer;
     std::vector<tensor_view> pending;
     std::size_t filled = 0;
@@ -406,17 +468,27 @@ public:
   }
 
   //! Reduces every parameter's gradient over all ranks as `reducer` says (for `mean`: the
-  //! average), in place. Before anything is reduced, the ranks agree on the layout (if the check
-  //! is on); a parameter without a gradient is reported or zero-filled as `options` says.
+  //! average), in place. Before anything is reduced, the ranks agree on the layout and on the
+  //! reducer's plan for each dtype (if the check is on); a parameter without a gradient is
+  //! reported or zero-filled as `options` says. A failure inside the exchange, after the ranks
+  //! agreed to run it, leaves the others inside collectives this rank will not finish: it ends
+  //! the job with a message naming the rank and the cause.
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
     detail::operation_scope scope("allreduce_grad");
-    require_no_pending("allreduce_grad");
+    require_no_pending("allreduce_grad", nullptr);
     detail::collect_gradients(params, options.missing, slots_, names_);
-    validate_slots(options.missing, "blocking");
     if constexpr (!device_strategy()) {
-      reduce_buckets(reducer);
+      validate_slots(options.missing, "blocking", reducer);
+      const auto watch = watch_transfer("allreduce_grad", 0);
+      fatal_on_failure("allreduce_grad", [&] {
+        const std::size_t buckets = reduction_.plan().buckets().size();
+        for (std::size_t b = 0; b < buckets; ++b) {
+          reduction_.reduce_bucket(b, std::span<const detail::grad_slot>(slots_), exchanger());
+        }
+      });
     } else {
+      validate_slots(options.missing, "blocking", reducer);
       self().reduce_gradients(std::span<const detail::grad_slot>(slots_), reducer);
     }
   }
@@ -424,12 +496,13 @@ public:
   // ---- gradients reduced while backward runs ------------------------------------------------
 
   //! Begins a reduction of `params`' gradients that overlaps with backward: call `ready(i)` on
-  //! the request as parameter i's gradient becomes final (from a hook, say), and `wait()` before
-  //! the optimizer step. A bucket is reduced, on cohort's own thread, as soon as its gradients are
-  //! ready and the buckets before it are on their way; the order gradients become ready in the
-  //! first step is learned (rank 0's) and the buckets rebuilt for it. Collective: the ranks agree
-  //! on the layout now, so every gradient tensor must exist, with its final size, already.
-  //! Needs MPI started with `MPI_THREAD_MULTIPLE` (throws `cohort::error` otherwise).
+  //! the request as parameter i's gradient becomes final (from a hook, from any thread), and
+  //! `wait()` before the optimizer step. A bucket is reduced, on cohort's own thread, as soon as
+  //! its gradients are ready and the buckets before it are on their way; the order gradients
+  //! become ready in the first step is learned (rank 0's) and the buckets rebuilt for it.
+  //! Collective: the ranks agree on the layout now, so every gradient tensor must exist, with its
+  //! final size, already. Needs MPI started with `MPI_THREAD_MULTIPLE` (throws `cohort::error`
+  //! otherwise).
   template <parameter_set Params, reducer Reducer>
   grad_sync_request<Strategy, Params> begin_allreduce_grad(Params& params, const Reducer& reducer,
                                                            grad_sync_options options = {}) {
@@ -448,57 +521,65 @@ public:
   }
 
   //! The parts of `begin_allreduce_grad` for callers that keep no request (the optimizer
-  //! wrapper): start, say which gradient is ready, wait.
+  //! wrapper): start, say which gradient is ready, wait. `owner` names who started it (an
+  //! optimizer: several may share a communicator, and each must reduce only its own gradients).
   template <parameter_set Params, reducer Reducer>
-  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {}) {
-    detail::operation_scope scope("allreduce_grad");
-    require_overlap_possible();
-    detail::collect_gradients(params, options.missing, slots_, names_);
-    validate_slots(options.missing, "overlapped");
-    begin_overlap(reducer, options.missing);
+  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {},
+                       const void* owner = nullptr) {
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    start_locked(o, params, reducer, options, owner);
   }
 
   //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
   //! does not touch until `wait_grad_sync`): for a wrapper that reduces a copy of the gradients.
   template <reducer Reducer>
-  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+  void start_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer,
+                       const void* owner = nullptr) {
     detail::operation_scope scope("allreduce_grad");
-    require_overlap_possible();
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    require_overlap_possible(o, owner);
     slots_.assign(slots.begin(), slots.end());
-    validate_slots(missing_grad::report, "overlapped");
-    begin_overlap(reducer, missing_grad::report);
+    validate_slots(missing_grad::report, "overlapped", reducer);
+    begin_overlap(o, reducer, missing_grad::report, owner);
   }
 
   //! Parameter `index` of `params` (the set the reduction began with) has its final gradient: it
-  //! is read again, and its bucket reduced if that completes it.
+  //! is read again, and its bucket reduced if that completes it. Safe from any thread.
   template <parameter_set Params>
   void grad_ready(Params& params, std::size_t index) {
-    overlap_state& o = pending_overlap("grad_ready");
-    // A gradient already marked may be in flight on cohort's thread: never touch its view again.
-    if (index < slots_.size() && !o.ready[index]) {
-      auto it = std::ranges::begin(params);
-      std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
-      const detail::grad_slot now = detail::collect_one(*it, o.missing);
-      detail::grad_slot& then = slots_[index];
-      if (now.state != detail::slot_state::ok || now.grad.count != then.grad.count ||
-          now.grad.type != then.grad.type || now.grad.location != then.grad.location) {
-        detail::grad_slot changed = now;
-        changed.name = then.name;
-        report(o, "cohort: grad_ready on rank " + std::to_string(rank()) + ": " +
-                      detail::slot_label(then) + " had " + detail::slot_description(then) +
-                      " when the reduction began, and now has " +
-                      detail::slot_description(changed));
-        return;
-      }
-      then.grad = now.grad;
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    require_pending(o, "grad_ready");
+    reread_and_mark(o, params, index);
+  }
+
+  //! What an optimizer's backward hook calls, from any thread: the first call of a step begins
+  //! the reduction for `owner` (collective, as `start_grad_sync`), and every call marks parameter
+  //! `index` ready. Throws `invalid_argument` if another owner's reduction is pending.
+  template <parameter_set Params, reducer Reducer>
+  void grad_ready_for(const void* owner, Params& params, const Reducer& reducer,
+                      grad_sync_options options, std::size_t index) {
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    if (!o.pending) {
+      start_locked(o, params, reducer, options, owner);
+    } else if (o.owner != owner) {
+      throw invalid_argument("cohort: grad_ready on rank " + std::to_string(rank()) +
+                             ": another optimizer's overlapped reduction is pending on this "
+                             "communicator (it marked gradients ready and has not stepped); step "
+                             "it before the next backward, or give each optimizer a "
+                             "communicator of its own");
     }
-    o.caller_marked = true;
-    mark_ready(o, index);
+    reread_and_mark(o, params, index);
   }
 
   //! Gradient `index` of the views given to `start_grad_sync` is final.
   void grad_ready(std::size_t index) {
-    overlap_state& o = pending_overlap("grad_ready");
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    require_pending(o, "grad_ready");
     o.caller_marked = true;
     mark_ready(o, index);
   }
@@ -506,71 +587,72 @@ public:
   //! Marks every gradient not yet ready as ready (in index order). This order is never learned:
   //! it says nothing of when backward produces the gradients.
   void mark_all_ready() {
-    overlap_state& o = pending_overlap("grad_ready");
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (!o.ready[i]) {
-        mark_ready(o, i);
-      }
-    }
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    require_pending(o, "grad_ready");
+    mark_rest_ready(o);
   }
 
   //! Marks the rest ready, and waits until every bucket is reduced. Collective. Rethrows the
   //! first error on every rank (a gradient whose size changed on one rank throws everywhere).
   void wait_grad_sync() {
+    overlap_state& o = *overlap_;
+    {
+      const std::lock_guard lock(o.mutex);
+      require_pending(o, "wait");
+      mark_rest_ready(o);
+    }
+    finish_pending(o);
+  }
+
+  //! Ends a pending overlapped reduction without sending what was not marked ready: a rank must
+  //! never send a gradient its backward did not produce. The buckets already on their way are
+  //! finished; at the next bucket (or at the end) every rank gets an error naming this rank and
+  //! `why`. With the agreement check off, this rank skips the rest and its peers wait for it
+  //! until the timeout ends the job. Does nothing if no reduction is pending.
+  void abandon_grad_sync(std::string_view why) noexcept {
+    if (!overlap_ || !grad_sync_pending()) {
+      return;
+    }
+    overlap_state& o = *overlap_;
+    try {
+      {
+        const std::lock_guard lock(o.mutex);
+        if (!o.pending) {
+          return;
+        }
+        o.abandoned_from = o.launched;
+        report(o, "cohort: rank " + std::to_string(rank()) +
+                      " abandoned its overlapped gradient reduction (" + std::string(why) +
+                      "): the gradients it had not marked ready were never sent");
+        o.launched = o.remaining.size();
+        o.worker->launch(o.launched);
+      }
+      finish_pending(o);
+    } catch (...) {
+      // Every rank is told through the agreement; this rank has nothing more to say.
+    }
+  }
+
+  //! Checks gradients about to be reduced from copies (collective, as `allreduce_grad` checks its
+  //! own): a wrapper that must refuse a step before it touches anything calls this first.
+  template <reducer Reducer>
+  void validate_grad_sync(std::span<const detail::grad_slot> slots, const Reducer& reducer,
+                          missing_grad missing) {
     detail::operation_scope scope("allreduce_grad");
-    overlap_state& o = pending_overlap("wait");
-    struct done_on_exit {
-      overlap_state& o;
-      ~done_on_exit() {
-        // Whatever threw, cohort's thread is done with this step before the next may start.
-        try {
-          o.worker.wait();
-        } catch (...) {
-        }
-        o.pending = false;
-      }
-    } done{o};
-    mark_all_ready();
-    o.worker.wait();
-    // A problem found after the last bucket left (a gradient marked twice, say), or an error on
-    // cohort's thread: an error on every rank, the failing rank's own first.
-    std::string problem = o.problem_flag.load() ? o.problem : std::string();
-    if (problem.empty() && o.failure) {
-      problem = o.failure_message;
-    }
-    if (options_.check_agreement) {
-      try {
-        settle_on(grad_world_, "allreduce_grad", 0, problem);
-      } catch (...) {
-        if (o.failure) {
-          std::rethrow_exception(std::exchange(o.failure, nullptr));
-        }
-        throw;
-      }
-    } else if (o.failure) {
-      std::rethrow_exception(std::exchange(o.failure, nullptr));
-    } else if (!problem.empty()) {
-      throw invalid_argument(problem);
-    }
-    if (reduction_.learning()) {
-      // Every rank adopts rank 0's order, so the buckets stay the same everywhere; and only an
-      // order the caller gave (not the index order of mark_all_ready) is worth learning.
-      std::vector<std::int64_t>& order = o.order_message; // reused: no allocation per step
-      order.assign(o.seen.size() + 1, o.caller_marked ? 1 : 0);
-      std::copy(o.seen.begin(), o.seen.end(), order.begin() + 1);
-      mpi::broadcast(grad_world_,
-                     tensor_view{order.data(), order.size(), dtype::int64, memory_location::host},
-                     0);
-      if (order[0] == 1) {
-        std::copy(order.begin() + 1, order.end(), o.seen.begin());
-        reduction_.learn_order(std::span<const detail::grad_slot>(slots_), o.seen, o.reducer,
-                               size());
-      }
-    }
+    detail::validate_gradients(*live_, detail::waiter::caller, "allreduce_grad",
+                               live_->next_sequence(detail::waiter::caller), slots,
+                               options_.check_agreement, missing, std::string(), "double-buffered",
+                               [&](dtype type) { return reducer.plan(type, size()); });
   }
 
   //! Whether an overlapped reduction has begun and not been waited on.
   bool grad_sync_pending() const noexcept { return overlap_ != nullptr && overlap_->pending; }
+
+  //! Whether the pending overlapped reduction is `owner`'s.
+  bool grad_sync_pending_for(const void* owner) const noexcept {
+    return grad_sync_pending() && overlap_->owner == owner;
+  }
 
   //! Counts the overlapped reductions begun so far (what tells a request its own one).
   std::uint64_t grad_sync_generation() const noexcept {
@@ -584,25 +666,21 @@ public:
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
 
 protected:
-  //! Waits for an overlapped reduction still pending, dropping its errors. A strategy whose
-  //! `exchange` uses members of its own calls it from its destructor, before they go.
-  void finish_overlap() noexcept {
-    if (grad_sync_pending()) {
-      try {
-        wait_grad_sync();
-      } catch (...) {
-        // Called from destructors, which may not throw.
-      }
-    }
-  }
+  //! For a strategy whose `exchange` uses members of its own: abandons a pending reduction
+  //! before they go (from its destructor).
+  void finish_overlap() noexcept { abandon_grad_sync("its communicator was destroyed"); }
 
   //! Checks `slots_` (collective): this rank's own problems first, where the gradients live and
   //! what the strategy asks of their memory (a strategy may declare `void
-  //! check_gradient_memory(const detail::grad_slot&)`, which throws `invalid_argument`), then
-  //! the ranks agree on the layout, on those problems and on `mode`, so that a problem on one
-  //! rank is an error on every rank.
-  void validate_slots(missing_grad missing, std::string_view mode) {
-    const std::string problem = local_checks([&] {
+  //! check_gradient_memory(const detail::grad_slot&)`, which throws `invalid_argument`); then,
+  //! for host strategies, the bucket plan is prepared and every buffer the exchange needs is
+  //! allocated (a strategy may declare `void prepare_exchange(const detail::bucket&)`), so that
+  //! nothing fails on one rank alone once the ranks have agreed; then the ranks agree on the
+  //! layout, the reducer's plan, those problems and `mode`, so that a problem on one rank is an
+  //! error on every rank.
+  template <reducer Reducer>
+  void validate_slots(missing_grad missing, std::string_view mode, const Reducer& reducer) {
+    std::string problem = local_checks([&] {
       for (const auto& slot : slots_) {
         if (slot.state != detail::slot_state::ok || slot.grad.count == 0) {
           continue;
@@ -615,8 +693,23 @@ protected:
         }
       }
     });
-    detail::validate_gradients(comm_, "allreduce_grad", slots_, options_.check_agreement, missing,
-                               problem, mode);
+    if constexpr (!device_strategy()) {
+      const bool usable = std::ranges::all_of(slots_, [](const detail::grad_slot& slot) {
+        return slot.state == detail::slot_state::ok;
+      });
+      if (problem.empty() && usable) {
+        try {
+          prepare_buckets(reducer, mode != "blocking");
+        } catch (const std::exception& e) {
+          problem = "cohort: allreduce_grad on rank " + std::to_string(rank()) +
+                    ": preparing the reduction's buffers failed: " + e.what();
+        }
+      }
+    }
+    const std::uint64_t sequence = live_->next_sequence(detail::waiter::caller);
+    detail::validate_gradients(*live_, detail::waiter::caller, "allreduce_grad", sequence, slots_,
+                               options_.check_agreement, missing, problem, mode,
+                               [&](dtype type) { return reducer.plan(type, size()); });
   }
 
   //! Whether the strategy reduces device memory (it says so with `static constexpr bool
@@ -664,11 +757,15 @@ protected:
     }
   }
 
-  static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
+  static void require_mpi() {
     if (!boost::mpi::environment::initialized() || boost::mpi::environment::finalized()) {
       throw error("cohort: MPI is not running: create a boost::mpi::environment before a "
                   "cohort communicator, and keep it alive while the communicator is used");
     }
+  }
+
+  static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
+    require_mpi();
     MPI_Comm duplicate = MPI_COMM_NULL;
     mpi::check(MPI_Comm_dup(comm, &duplicate), "MPI_Comm_dup", comm);
     return detail::adopt(duplicate);
@@ -735,34 +832,37 @@ protected:
 
   //! The end of every front door: the ranks compare `hash` and whether each found a problem; a
   //! mismatch throws `mismatch_error` everywhere, and a problem found on every rank throws there.
-  //! Without the agreement check a problem throws at once, on its own rank only.
+  //! Without the agreement check a problem throws at once, on its own rank only. The comparison
+  //! is also the rendezvous that notices a rank gone or stuck (liveness.hpp).
   template <class Describe>
-  void settle(std::string_view operation, std::uint64_t hash, Describe&& describe,
+  void settle(const char* operation, std::uint64_t hash, Describe&& describe,
               const std::string& problem) const {
+    const std::uint64_t sequence = live_->next_sequence(detail::waiter::caller);
     if (options_.check_agreement) {
-      agree_on_problems(comm_, operation, hash, describe, problem);
+      agree_on_problems(detail::waiter::caller, operation, sequence, hash, describe, problem);
     }
     if (!problem.empty()) {
       throw invalid_argument(problem);
     }
   }
 
-  //! `settle` over another communicator (the gradient channel), with nothing to describe.
-  void settle_on(const boost::mpi::communicator& comm, std::string_view operation,
-                 std::uint64_t hash, const std::string& problem) const {
-    agree_on_problems(comm, operation, hash, nullptr, problem);
+  //! `settle` at the rendezvous of cohort's reduction thread (or of the end of its step).
+  template <class Describe = std::nullptr_t>
+  void settle_on(detail::waiter who, const char* operation, std::uint64_t hash,
+                 const std::string& problem, Describe&& describe = nullptr) const {
+    agree_on_problems(who, operation, live_->next_sequence(who), hash, describe, problem);
     if (!problem.empty()) {
       throw invalid_argument(problem);
     }
   }
 
   template <class Describe>
-  static void agree_on_problems(const boost::mpi::communicator& comm, std::string_view operation,
-                                std::uint64_t hash, Describe&& describe,
-                                const std::string& problem) {
+  void agree_on_problems(detail::waiter who, const char* operation, std::uint64_t sequence,
+                         std::uint64_t hash, Describe&& describe,
+                         const std::string& problem) const {
     detail::fingerprint f;
     f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
-    detail::require_agreement(comm, operation, f.value(), [&] {
+    detail::require_agreement(*live_, who, operation, sequence, f.value(), [&] {
       if (!problem.empty()) {
         return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
       }
@@ -774,7 +874,7 @@ protected:
     });
   }
 
-  void agree(std::string_view operation, std::size_t count, dtype type, int detail_value,
+  void agree(const char* operation, std::size_t count, dtype type, int detail_value,
              std::string_view detail_name, const std::string& problem = {}) const {
     detail::fingerprint f;
     f.add(operation).add(count).add(static_cast<std::uint64_t>(type));
@@ -795,7 +895,7 @@ protected:
         problem);
   }
 
-  void agree_root(std::string_view operation, int root) const {
+  void agree_root(const char* operation, int root) const {
     const std::string problem = local_checks([&] { check_root(root, operation); });
     detail::fingerprint f;
     f.add(operation).add(static_cast<std::uint64_t>(root));
@@ -809,31 +909,83 @@ protected:
 
 private:
   // What a reduction that overlaps backward keeps between calls: behind a pointer so that the
-  // communicator stays movable, and made once, with its thread, on first use.
+  // communicator stays movable; its thread is made on first use. `mutex` guards every field;
+  // cohort's thread reads the plan and the slots of buckets launched to it, and `problem` once
+  // `problem_flag` is raised. Hooks may call from several threads at once (LibTorch's autograd
+  // does).
   struct overlap_state {
-    explicit overlap_state(mpi_communicator& owner)
-        : owner(&owner) {}
-    void reduce_bucket(std::size_t b) { owner->reduce_overlapped_bucket(*this, b); }
+    void reduce_bucket(std::size_t b) { comm->reduce_overlapped_bucket(*this, b); }
 
-    mpi_communicator* owner;
+    std::mutex mutex;
+    mpi_communicator* comm = nullptr; // the communicator of the step in flight
+    const void* owner = nullptr;      // who began it (an optimizer), for its own hooks only
     bool pending = false;
+    bool threads_checked = false;
     missing_grad missing = missing_grad::report;
-    detail::recorded_reducer reducer;
     std::vector<char> ready;
     std::vector<std::size_t> remaining;      // per bucket: members not yet ready
     std::vector<std::size_t> seen;           // the order gradients became ready in
     std::vector<std::int64_t> order_message; // rank 0's `seen`, broadcast while learning
+    std::vector<std::size_t> learned;        // an order to rebuild the plan with, at the next step
+    std::uint64_t learned_key = 0;           // of the layout it was seen on
+    bool has_learned = false;
     std::size_t launched = 0;
+    // Buckets from here on were launched by abandon_grad_sync: their gradients were never
+    // marked ready, so they are never sent.
+    std::size_t abandoned_from = std::numeric_limits<std::size_t>::max();
     bool caller_marked = false; // grad_ready was called, not only mark_all_ready
     std::uint64_t generation = 0;
     std::string problem; // the first local problem; written before problem_flag is raised
     std::atomic<bool> problem_flag{false};
-    // An error on cohort's thread (an MPI error, say): kept, carried into the agreement of every
-    // later bucket and of wait(), so that every rank stops, and rethrown by wait() here.
-    std::exception_ptr failure;
-    std::string failure_message;
-    detail::overlap_worker<overlap_state> worker; // last: its thread stops first
+    std::unique_ptr<detail::overlap_worker<overlap_state>> worker; // last: its thread stops first
   };
+
+  static std::unique_ptr<detail::liveness> make_liveness(const boost::mpi::communicator& comm,
+                                                         const communicator_options& options) {
+    require_mpi();
+    return std::make_unique<detail::liveness>(comm, options.timeout);
+  }
+
+  // The strategy and every option, compared across ranks once, whatever check_agreement says
+  // (ranks that disagree on it could not even agree to compare later).
+  void agree_on_options() {
+    std::string strategy_name = "a strategy without a name";
+    if constexpr (requires { Strategy::name; }) {
+      strategy_name = std::string(Strategy::name);
+    }
+    int ranks_per_node = 0;
+    const std::string problem = local_checks([&] {
+      ranks_per_node = detail::ranks_per_node_override(options_.simulated_ranks_per_node);
+    });
+    const std::vector<std::pair<const char*, std::string>> values = {
+        {"the strategy", strategy_name},
+        {"check_agreement", options_.check_agreement ? "true" : "false"},
+        {"bucket_bytes", std::to_string(options_.bucket_bytes)},
+        {"first_bucket_bytes", std::to_string(options_.first_bucket_bytes)},
+        {"fusion_threshold_bytes", std::to_string(options_.fusion_threshold_bytes)},
+        {"timeout", std::to_string(options_.timeout.count()) + " ms"},
+        {"ranks per node (simulated_ranks_per_node or COHORT_RANKS_PER_NODE)",
+         ranks_per_node == 0 ? std::string("as MPI says") : std::to_string(ranks_per_node)}};
+    detail::fingerprint f;
+    for (const auto& [name, value] : values) {
+      f.add(name).add(value);
+    }
+    f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+    detail::require_agreement(*live_, detail::waiter::caller, "communicator creation",
+                              live_->next_sequence(detail::waiter::caller), f.value(), [&] {
+                                std::vector<detail::signature_entry> described;
+                                if (!problem.empty()) {
+                                  described.push_back({"the call", "failed (" + problem + ")"});
+                                }
+                                for (const auto& [name, value] : values) {
+                                  described.push_back({name, value});
+                                }
+                                return described;
+                              });
+    if (!problem.empty()) {
+      throw invalid_argument(problem);
+    }
+  }
 
   static detail::bucket_limits bucketing(const communicator_options& options) {
     if constexpr (requires { Strategy::bucket_limits_for(options); }) {
@@ -846,28 +998,92 @@ private:
 
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
 
-  void require_no_pending(std::string_view operation) const {
-    if (grad_sync_pending()) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) +
-                             ": an overlapped allreduce_grad is still pending; wait() on it first");
+  // How a host strategy reduces one packed bucket.
+  auto exchanger() {
+    return [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); };
+  }
+
+  //! A blocking call after the rendezvous, watched by the watchdog: `agreed` says every rank had
+  //! arrived.
+  detail::watch_scope watch_transfer(const char* operation, std::size_t bytes) const noexcept {
+    return detail::watch_scope(live_->slot(detail::waiter::caller), operation,
+                               live_->sequence(detail::waiter::caller), bytes,
+                               options_.check_agreement);
+  }
+  //! A blocking point-to-point call: no rendezvous precedes it.
+  detail::watch_scope watch_point_to_point(const char* operation,
+                                           std::size_t bytes) const noexcept {
+    return detail::watch_scope(live_->slot(detail::waiter::caller), operation,
+                               live_->sequence(detail::waiter::caller), bytes, false);
+  }
+
+  // Runs the exchange of gradients that every rank agreed to run. If it throws on this rank, the
+  // others are inside collectives this rank will not finish, and no error can reach them: the
+  // job ends, naming this rank and the cause, instead of hanging.
+  template <class F>
+  void fatal_on_failure(const char* operation, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      if (size() == 1) {
+        throw;
+      }
+      detail::end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
+                      " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
+                      "); the other ranks cannot finish its collectives; ending the job");
     }
   }
 
-  overlap_state& pending_overlap(std::string_view operation) {
-    if (!grad_sync_pending()) {
+  // The plan of the current layout (rebuilt in the order learned at an earlier step, if any),
+  // its buffers, and whatever the strategy's exchange will need: allocated before the ranks
+  // agree, so that a failure here is a problem every rank hears of.
+  template <reducer Reducer>
+  void prepare_buckets(const Reducer& reducer, bool overlapped) {
+    const std::span<const detail::grad_slot> slots(slots_);
+    reduction_.prepare(slots, reducer, size());
+    overlap_state& o = *overlap_;
+    if (o.has_learned && o.learned_key == reduction_.current_key() && reduction_.learning()) {
+      reduction_.learn_order(slots, o.learned, reducer, size());
+      o.has_learned = false;
+    }
+    if (overlapped) {
+      reduction_.own_buffers();
+    }
+    if constexpr (requires(Strategy & s, const detail::bucket& b) { s.prepare_exchange(b); }) {
+      for (const detail::bucket& b : reduction_.plan().buckets()) {
+        self().prepare_exchange(b);
+      }
+    }
+  }
+
+  void require_no_pending(std::string_view operation, const void* owner) const {
+    if (grad_sync_pending()) {
+      throw invalid_argument(
+          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": " +
+          (owner != nullptr && overlap_->owner != owner
+               ? "another optimizer's overlapped reduction is pending on this communicator (it "
+                 "marked gradients ready and has not stepped); step it first, or give each "
+                 "optimizer a communicator of its own"
+               : "an overlapped allreduce_grad is still pending; wait() on it first"));
+    }
+  }
+
+  void require_pending(const overlap_state& o, std::string_view operation) const {
+    if (!o.pending) {
       throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
                              std::to_string(rank()) +
                              ": no overlapped allreduce_grad is pending (begin_allreduce_grad "
                              "starts one)");
     }
-    return *overlap_;
   }
 
-  void require_overlap_possible() const {
+  void require_overlap_possible(overlap_state& o, const void* owner) {
     static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
-    require_no_pending("begin_allreduce_grad");
-    require_threads();
+    require_no_pending("begin_allreduce_grad", owner);
+    if (!o.threads_checked) {
+      require_threads();
+      o.threads_checked = true;
+    }
   }
 
   void require_threads() const {
@@ -886,18 +1102,27 @@ private:
     }
   }
 
+  // Under o.mutex.
+  template <parameter_set Params, reducer Reducer>
+  void start_locked(overlap_state& o, Params& params, const Reducer& reducer,
+                    grad_sync_options options, const void* owner) {
+    detail::operation_scope scope("allreduce_grad");
+    require_overlap_possible(o, owner);
+    detail::collect_gradients(params, options.missing, slots_, names_);
+    validate_slots(options.missing, "overlapped", reducer);
+    begin_overlap(o, reducer, options.missing, owner);
+  }
+
+  // Under o.mutex; after validate_slots prepared the plan.
   template <reducer Reducer>
-  void begin_overlap(const Reducer& reducer, missing_grad missing) {
-    if (overlap_ == nullptr) {
-      overlap_ = std::make_unique<overlap_state>(*this);
+  void begin_overlap(overlap_state& o, const Reducer&, missing_grad missing, const void* owner) {
+    if (!o.worker) {
+      o.worker = std::make_unique<detail::overlap_worker<overlap_state>>();
     }
-    overlap_state& o = *overlap_;
-    o.owner = this;
+    o.comm = this;
+    o.owner = owner;
     o.missing = missing;
-    o.reducer = detail::recorded_reducer(reducer, size());
-    const detail::bucket_plan& plan =
-        reduction_.prepare(std::span<const detail::grad_slot>(slots_), o.reducer, size());
-    reduction_.own_buffers();
+    const detail::bucket_plan& plan = reduction_.plan();
     o.ready.assign(slots_.size(), 0);
     o.remaining.clear();
     for (const auto& b : plan.buckets()) {
@@ -907,17 +1132,51 @@ private:
     o.seen.reserve(slots_.size());
     ++o.generation;
     o.launched = 0;
+    o.abandoned_from = std::numeric_limits<std::size_t>::max();
     o.caller_marked = false;
     o.problem.clear();
     o.problem_flag.store(false);
-    o.failure = nullptr;
-    o.failure_message.clear();
-    o.worker.start(o);
+    o.worker->start(o);
     o.pending = true;
   }
 
+  // Under o.mutex: reads parameter `index` again and marks it ready.
+  template <parameter_set Params>
+  void reread_and_mark(overlap_state& o, Params& params, std::size_t index) {
+    // A gradient already marked may be in flight on cohort's thread: never touch its view again.
+    if (index < slots_.size() && !o.ready[index]) {
+      const detail::grad_slot now = detail::collect_one(nth(params, index), o.missing);
+      detail::grad_slot& then = slots_[index];
+      if (now.state != detail::slot_state::ok || now.grad.count != then.grad.count ||
+          now.grad.type != then.grad.type || now.grad.location != then.grad.location) {
+        detail::grad_slot changed = now;
+        changed.name = then.name;
+        report(o, "cohort: grad_ready on rank " + std::to_string(rank()) + ": " +
+                      detail::slot_label(then) + " had " + detail::slot_description(then) +
+                      " when the reduction began, and now has " +
+                      detail::slot_description(changed));
+        return;
+      }
+      then.grad = now.grad;
+    }
+    o.caller_marked = true;
+    mark_ready(o, index);
+  }
+
+  // Element `index` of a parameter set: in O(1) where the set is random-access.
+  template <parameter_set Params>
+  static decltype(auto) nth(Params& params, std::size_t index) {
+    auto it = std::ranges::begin(params);
+    std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
+    return *it;
+  }
+
+  // A problem found on this rank during the step: every rank hears of it at the next agreement.
   void report(overlap_state& o, std::string problem) {
     if (!options_.check_agreement) {
+      if (o.abandoned_from != std::numeric_limits<std::size_t>::max()) {
+        return; // abandoning: nothing to tell without the agreement
+      }
       throw invalid_argument(problem);
     }
     if (!o.problem_flag.load()) {
@@ -946,48 +1205,117 @@ private:
     if (b == detail::bucket_plan::no_bucket || --o.remaining[b] != 0) {
       return;
     }
-    while (o.launched < o.remaining.size() && o.remaining[o.launched] == 0) {
-      ++o.launched;
+    std::size_t launched = o.launched;
+    while (launched < o.remaining.size() && o.remaining[launched] == 0) {
+      ++launched;
     }
-    o.worker.launch(o.launched);
+    if (launched != o.launched) {
+      o.launched = launched;
+      o.worker->launch(launched);
+    }
   }
 
-  // A member template, so that a device strategy (which has no `exchange`) never instantiates it.
-  template <reducer Reducer>
-  void reduce_buckets(const Reducer& reducer) {
-    reduction_.run(std::span<const detail::grad_slot>(slots_), reducer, size(),
-                   [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); });
+  void mark_rest_ready(overlap_state& o) {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (!o.ready[i]) {
+        mark_ready(o, i);
+      }
+    }
+    // Buckets whose members are all empty gradients have nothing to wait for.
+    if (o.launched < o.remaining.size()) {
+      o.launched = o.remaining.size();
+      o.worker->launch(o.launched);
+    }
+  }
+
+  // Waits for cohort's thread, then ends the step with an agreement on what every rank found
+  // (collective). Every bucket has been launched.
+  void finish_pending(overlap_state& o) {
+    detail::operation_scope scope("allreduce_grad");
+    struct done_on_exit {
+      overlap_state& o;
+      ~done_on_exit() {
+        // Whatever threw, cohort's thread is done with this step before the next may start.
+        try {
+          o.worker->wait();
+        } catch (...) {
+        }
+        const std::lock_guard lock(o.mutex);
+        o.pending = false;
+      }
+    } done{o};
+    // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
+    o.worker->wait();
+    // A problem found after the last bucket left (a gradient marked twice, say): an error on
+    // every rank, the failing rank's own.
+    const std::string problem = o.problem_flag.load() ? o.problem : std::string();
+    if (options_.check_agreement) {
+      settle_on(detail::waiter::reducer, "allreduce_grad (end of the step)", 0, problem);
+    } else if (!problem.empty()) {
+      throw invalid_argument(problem);
+    }
+    if (reduction_.learning()) {
+      // Every rank adopts rank 0's order, so the buckets stay the same everywhere; and only an
+      // order the caller gave (not the index order of mark_all_ready) is worth learning. The
+      // plan is rebuilt at the next step, before its agreement (a rebuild allocates).
+      std::vector<std::int64_t>& order = o.order_message; // reused: no allocation per step
+      order.assign(o.seen.size() + 1, o.caller_marked ? 1 : 0);
+      std::copy(o.seen.begin(), o.seen.end(), order.begin() + 1);
+      {
+        const detail::watch_scope watch(
+            live_->slot(detail::waiter::reducer), "allreduce_grad (learning the order)",
+            live_->sequence(detail::waiter::reducer), 0, options_.check_agreement);
+        mpi::broadcast(grad_world_,
+                       tensor_view{order.data(), order.size(), dtype::int64, memory_location::host},
+                       0);
+      }
+      if (order[0] == 1) {
+        o.learned.assign(order.begin() + 1, order.end());
+        o.learned_key = reduction_.current_key();
+        o.has_learned = true;
+      }
+    }
   }
 
   // On cohort's thread: one bucket, after the ranks agree that none found a problem so far. A
-  // failure here is kept rather than thrown, so that the next agreement (of a bucket or of wait)
-  // carries it to every rank instead of this rank alone skipping collectives the others are in.
+  // failure before the exchange (the agreement) is the same on every rank: the worker skips the
+  // rest of the step everywhere alike. A failure inside the exchange ends the job.
   void reduce_overlapped_bucket(overlap_state& o, std::size_t b) {
+    const detail::bucket& k = reduction_.plan().buckets()[b];
     if (options_.check_agreement) {
       std::string problem =
           o.problem_flag.load(std::memory_order_acquire) ? o.problem : std::string();
-      if (problem.empty() && o.failure) {
-        problem = o.failure_message;
-      }
-      const detail::bucket& k = reduction_.plan().buckets()[b];
       detail::fingerprint f;
       f.add(b).add(k.count).add(static_cast<std::uint64_t>(k.plan.wire));
-      settle_on(grad_world_, "allreduce_grad", f.value(), problem);
-    } else if (o.failure) {
+      settle_on(detail::waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
+                [&] { return describe_bucket(b); });
+    }
+    if (b >= o.abandoned_from) {
       return;
     }
-    try {
-      reduction_.reduce_bucket(
-          b, std::span<const detail::grad_slot>(slots_),
-          [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); },
-          /*own_buffer=*/true);
-    } catch (const std::exception& e) {
-      o.failure = std::current_exception();
-      o.failure_message = "cohort: allreduce_grad on rank " + std::to_string(rank()) + ": bucket " +
-                          std::to_string(b) + " failed: " + e.what();
-    }
+    const detail::watch_scope watch(
+        live_->slot(detail::waiter::reducer), "allreduce_grad (a bucket)",
+        live_->sequence(detail::waiter::reducer), k.count, options_.check_agreement);
+    fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
+      reduction_.reduce_bucket(b, std::span<const detail::grad_slot>(slots_), exchanger(),
+                               /*own_buffer=*/true);
+    });
   }
 
+  // Bucket b of the current plan, for a mismatch message: its size, its wire dtype, its members.
+  std::vector<detail::signature_entry> describe_bucket(std::size_t b) const {
+    const detail::bucket_plan& plan = reduction_.plan();
+    const detail::bucket& k = plan.buckets()[b];
+    std::string members;
+    for (const std::size_t s : plan.members(k)) {
+      members += (members.empty() ? "" : ", ") + detail::slot_label(slots_[s]);
+    }
+    return {{"bucket " + std::to_string(b) + " of " + std::to_string(plan.buckets().size()),
+             detail::describe_tensor(k.count, k.plan.wire) + " on the wire, " +
+                 (k.in_place ? "in place" : "packed") + " from " + members}};
+  }
+
+  std::unique_ptr<detail::liveness> live_; // first: gone last, after cohort's thread
   boost::mpi::communicator comm_;
   communicator_options options_;
   node_layout layout_;

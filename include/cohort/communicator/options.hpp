@@ -3,6 +3,7 @@
 
 #include <cohort/config.hpp>
 
+#include <chrono>
 #include <cstddef>
 
 namespace cohort {
@@ -41,6 +42,16 @@ struct communicator_options {
   //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce, README); on
   //! a network with a higher latency, a larger value fuses more.
   std::size_t fusion_threshold_bytes = std::size_t{64} << 10;
+
+  //! How long any MPI operation cohort runs may wait for the other ranks before the job is ended
+  //! (one line on stderr naming the operation, its number, the bytes, the time waited and the
+  //! ranks that had not arrived; then MPI_Abort): the agreement, reductions, broadcasts, object
+  //! collectives, barrier, point-to-point calls, and the MPI steps of NCCL's set-up. 10 minutes,
+  //! as PyTorch's NCCL watchdog; 0 waits for ever. Size it above the longest time one rank may
+  //! legitimately run ahead of another (an evaluation on rank 0 alone, a checkpoint), since the
+  //! others wait for it in their next collective. docs/failure.md says what happens when it
+  //! fires.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
 } // namespace COHORT_ABI_NAMESPACE

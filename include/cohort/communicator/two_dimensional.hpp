@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cohort/algorithm/ring.hpp>
+#include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
@@ -10,7 +11,9 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -22,10 +25,9 @@ namespace detail {
 //! Throws on every rank unless every node has as many ranks (collective): the shards of rank i
 //! must line up across nodes.
 template <class Communicator>
-void require_equal_node_sizes(const Communicator& comm, std::string_view strategy) {
-  int sizes[2] = {comm.intra_size(), -comm.intra_size()};
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm.mpi_comm()),
-             "MPI_Allreduce (node sizes)", comm.mpi_comm());
+void require_equal_node_sizes(Communicator& comm, std::string_view strategy) {
+  std::array<std::int32_t, 2> sizes = {comm.intra_size(), -comm.intra_size()};
+  comm.allreduce(sizes, reduce_op::max);
   if (sizes[0] != -sizes[1]) {
     throw invalid_argument("cohort: " + std::string(strategy) + " on rank " +
                            std::to_string(comm.rank()) + ": the nodes have between " +
@@ -68,6 +70,12 @@ public:
 
 private:
   friend base;
+
+  // The ring's buffers, grown before the ranks agree to reduce (an allocation that fails here is
+  // an error on every rank; inside the ring it would leave the others waiting).
+  void prepare_exchange(const detail::bucket& bucket) {
+    ring_.prepare(bucket.count, bucket.plan.wire, this->intra_size(), {});
+  }
 
   void exchange(tensor_view bucket, reduce_op op) {
     algorithm::ring_reduce_scatter(this->grad_intra_comm(), bucket, op, {}, ring_);

@@ -10,7 +10,9 @@
 #include <cohort/tensor/parameter.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -49,9 +51,16 @@ struct distributed_optimizer_options {
 //! optimizer, so that the replicas stay identical.
 //!
 //! To overlap the reduction with backward, call `grad_ready(i)` as parameter i's gradient
-//! becomes final (from a hook): the first call of a step begins the reduction, full buckets leave
-//! at once, and `step()` waits for the rest. Inside `no_sync()`, gradients accumulate locally and
-//! nothing is reduced: the step after it reduces their sum once (gradient accumulation).
+//! becomes final (from a hook, from any thread): the first call of a step begins the reduction,
+//! full buckets leave at once, and `step()` waits for the rest. Inside `no_sync()`, gradients
+//! accumulate locally and nothing is reduced: the step after it reduces their sum once (gradient
+//! accumulation). `synchronize()` reduces without stepping (to clip the reduced gradients); the
+//! `step()` after it does not reduce again. Whatever the mix, a step's gradients are reduced
+//! exactly once.
+//!
+//! Several optimizers may share one communicator (a GAN's generator and discriminator): each
+//! reduces only its own parameters' gradients. Their overlapped reductions may not interleave:
+//! an optimizer whose hooks fire while another's reduction is pending throws, naming it.
 //!
 //! The parameter set and the communicator are held by reference: both must outlive the wrapper,
 //! and neither may be moved while it is in use. A strategy chosen at compile time costs nothing
@@ -78,7 +87,6 @@ public:
       , params_(const_cast<void*>(static_cast<const void*>(std::addressof(params))))
       , sync_(&sync<Params>) {
     if constexpr (overlapping_communicator<communicator_type>) {
-      start_ = &start<Params>;
       ready_ = &ready<Params>;
       collect_ = &collect<Params>;
     } else if (options.double_buffering) {
@@ -91,15 +99,18 @@ public:
   distributed_optimizer(const distributed_optimizer&) = delete;
   distributed_optimizer& operator=(const distributed_optimizer&) = delete;
 
-  //! Waits for a reduction still in flight (errors are lost here: call `step()` or `finish()`).
+  //! Abandons this optimizer's reduction still in flight: a step that was never taken (an
+  //! exception in backward, say) must not send gradients backward never produced. The other
+  //! ranks get an error naming this rank at that reduction's next bucket (see
+  //! `abandon_grad_sync`). With double buffering, call `finish()` before to apply the last step.
   ~distributed_optimizer() {
     if constexpr (overlapping_communicator<communicator_type>) {
-      if (comm_->grad_sync_pending()) {
-        try {
-          comm_->wait_grad_sync();
-        } catch (...) {
-          // A destructor may not throw.
-        }
+      if (comm_->grad_sync_pending_for(this)) {
+        comm_->abandon_grad_sync(std::uncaught_exceptions() > 0
+                                     ? "its distributed_optimizer was destroyed during the "
+                                       "unwinding of an exception, in the middle of a step"
+                                     : "its distributed_optimizer was destroyed in the middle of "
+                                       "a step");
       }
     }
   }
@@ -115,45 +126,54 @@ public:
       }
       return;
     }
-    synchronize();
+    if (!synchronized_.load(std::memory_order_relaxed)) {
+      reduce();
+    }
+    synchronized_.store(false, std::memory_order_relaxed);
     inner_.step();
   }
 
   //! Reduces the gradients across ranks without stepping: for gradient clipping or inspection
-  //! between the reduction and the update. Collective.
+  //! between the reduction and the update; the next `step()` uses them as they are. Collective.
+  //! Throws `invalid_argument` if called twice before a step (the gradients are reduced already).
   void synchronize() {
     require_syncing("synchronize");
     if (options_.double_buffering) {
       throw invalid_argument("cohort: synchronize() with double_buffering: the gradients are "
                              "reduced one step late; finish() applies the last reduction");
     }
-    if constexpr (overlapping_communicator<communicator_type>) {
-      if (comm_->grad_sync_pending()) {
-        comm_->wait_grad_sync();
-        return;
-      }
+    if (synchronized_.load(std::memory_order_relaxed)) {
+      throw invalid_argument("cohort: synchronize() on rank " + std::to_string(comm_->rank()) +
+                             " twice before a step: this step's gradients are reduced already "
+                             "(reducing them again would scale them once more); call step()");
     }
-    sync_(params_, *comm_, reducer_, grad_sync_options{options_.missing});
+    reduce();
+    synchronized_.store(true, std::memory_order_relaxed);
   }
 
-  //! Parameter `index`'s gradient is final (call it from backward): begins the step's overlapped
-  //! reduction on the first call, and sends every bucket this completes. Ignored inside
-  //! `no_sync()` and with double buffering (which reduces at `step()`).
+  //! Parameter `index`'s gradient is final (call it from backward, from any thread): begins the
+  //! step's overlapped reduction on the first call, and sends every bucket this completes.
+  //! Ignored inside `no_sync()` and with double buffering (which reduces at `step()`). Throws
+  //! `invalid_argument` after `synchronize()` (the step's gradients are reduced already) and while
+  //! another optimizer's reduction is pending on the same communicator.
   void grad_ready(std::size_t index) requires overlapping_communicator<communicator_type> {
-    if (no_sync_depth_ != 0 || options_.double_buffering) {
+    if (no_sync_depth_.load(std::memory_order_relaxed) != 0 || options_.double_buffering) {
       return;
     }
-    if (!comm_->grad_sync_pending()) {
-      start_(params_, *comm_, reducer_, grad_sync_options{options_.missing});
+    if (synchronized_.load(std::memory_order_relaxed)) {
+      throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
+                             std::to_string(comm_->rank()) +
+                             " after synchronize(): this step's gradients are reduced already; "
+                             "step() before the next backward");
     }
-    ready_(params_, *comm_, index);
+    ready_(this, params_, *comm_, reducer_, grad_sync_options{options_.missing}, index);
   }
 
   //! With double buffering, waits for the last reduction and steps with it, so that no step's
   //! gradients are lost at the end of training. Otherwise does nothing. Collective.
   void finish() {
     if constexpr (overlapping_communicator<communicator_type>) {
-      if (options_.double_buffering && comm_->grad_sync_pending()) {
+      if (options_.double_buffering && comm_->grad_sync_pending_for(this)) {
         // The gradients are read again: they may have moved since the last step.
         collect_(params_, options_.missing, slots_, names_);
         require_same_layout("finish");
@@ -171,7 +191,7 @@ public:
   public:
     explicit no_sync_guard(distributed_optimizer& owner) noexcept
         : owner_(&owner) {
-      ++owner_->no_sync_depth_;
+      owner_->no_sync_depth_.fetch_add(1, std::memory_order_relaxed);
     }
     no_sync_guard(no_sync_guard&& other) noexcept
         : owner_(std::exchange(other.owner_, nullptr)) {}
@@ -180,7 +200,7 @@ public:
     no_sync_guard& operator=(no_sync_guard&&) = delete;
     ~no_sync_guard() {
       if (owner_ != nullptr) {
-        --owner_->no_sync_depth_;
+        owner_->no_sync_depth_.fetch_sub(1, std::memory_order_relaxed);
       }
     }
 
@@ -190,7 +210,7 @@ public:
 
   [[nodiscard]] no_sync_guard no_sync() {
     if constexpr (overlapping_communicator<communicator_type>) {
-      if (comm_->grad_sync_pending() && !options_.double_buffering) {
+      if (comm_->grad_sync_pending_for(this) && !options_.double_buffering) {
         throw invalid_argument("cohort: no_sync() while this step's gradients are already being "
                                "reduced (grad_ready was called): enter no_sync before backward");
       }
@@ -199,7 +219,7 @@ public:
   }
 
   //! Whether gradients are reduced now (false inside `no_sync()`).
-  bool syncing() const noexcept { return no_sync_depth_ == 0; }
+  bool syncing() const noexcept { return no_sync_depth_.load(std::memory_order_relaxed) == 0; }
 
   Optimizer& inner() noexcept { return inner_; }
   const Optimizer& inner() const noexcept { return inner_; }
@@ -213,13 +233,9 @@ private:
     comm.allreduce_grad(*static_cast<Params*>(params), reducer, options);
   }
   template <class Params>
-  static void start(void* params, communicator_type& comm, const Reducer& reducer,
-                    grad_sync_options options) {
-    comm.start_grad_sync(*static_cast<Params*>(params), reducer, options);
-  }
-  template <class Params>
-  static void ready(void* params, communicator_type& comm, std::size_t index) {
-    comm.grad_ready(*static_cast<Params*>(params), index);
+  static void ready(const void* owner, void* params, communicator_type& comm,
+                    const Reducer& reducer, grad_sync_options options, std::size_t index) {
+    comm.grad_ready_for(owner, *static_cast<Params*>(params), reducer, options, index);
   }
   template <class Params>
   static void collect(void* params, missing_grad missing, std::vector<detail::grad_slot>& slots,
@@ -227,8 +243,26 @@ private:
     detail::collect_gradients(*static_cast<Params*>(params), missing, slots, names);
   }
 
+  // This step's reduction: the one this optimizer's hooks began, or a blocking one.
+  void reduce() {
+    if constexpr (overlapping_communicator<communicator_type>) {
+      if (comm_->grad_sync_pending_for(this)) {
+        comm_->wait_grad_sync();
+        return;
+      }
+      if (comm_->grad_sync_pending()) {
+        throw invalid_argument("cohort: distributed_optimizer::step on rank " +
+                               std::to_string(comm_->rank()) +
+                               ": another optimizer's overlapped reduction is pending on this "
+                               "communicator (it marked gradients ready and has not stepped); "
+                               "step it first, or give each optimizer a communicator of its own");
+      }
+    }
+    sync_(params_, *comm_, reducer_, grad_sync_options{options_.missing});
+  }
+
   void require_syncing(std::string_view operation) const {
-    if (no_sync_depth_ != 0) {
+    if (no_sync_depth_.load(std::memory_order_relaxed) != 0) {
       throw invalid_argument("cohort: " + std::string(operation) +
                              "() inside no_sync(): the gradients are being accumulated; leave "
                              "the no_sync scope before the backward pass that ends the "
@@ -241,12 +275,15 @@ private:
   // in (not on the first step).
   bool swap_and_start() {
     if constexpr (overlapping_communicator<communicator_type>) {
-      const bool had_previous = comm_->grad_sync_pending();
+      const bool had_previous = comm_->grad_sync_pending_for(this);
+      if (!had_previous && comm_->grad_sync_pending()) {
+        reduce(); // throws, naming the other optimizer
+      }
       // Checked before the previous reduction is waited for, so that a refused step loses
       // nothing: that reduction stays pending, for the next step or finish().
       collect_(params_, options_.missing, slots_, names_);
-      detail::validate_gradients(comm_->mpi_comm(), "distributed_optimizer::step", slots_,
-                                 comm_->options().check_agreement, options_.missing);
+      comm_->validate_grad_sync(std::span<const detail::grad_slot>(slots_), reducer_,
+                                options_.missing);
       if (had_previous) {
         require_same_layout("step");
         comm_->wait_grad_sync();
@@ -254,7 +291,7 @@ private:
         make_copies();
       }
       swap_copies();
-      comm_->start_grad_sync(std::span<const detail::grad_slot>(copy_slots_), reducer_);
+      comm_->start_grad_sync(std::span<const detail::grad_slot>(copy_slots_), reducer_, this);
       comm_->mark_all_ready();
       return had_previous;
     } else {
@@ -304,11 +341,13 @@ private:
   distributed_optimizer_options options_;
   void* params_;
   void (*sync_)(void*, communicator_type&, const Reducer&, grad_sync_options);
-  void (*start_)(void*, communicator_type&, const Reducer&, grad_sync_options) = nullptr;
-  void (*ready_)(void*, communicator_type&, std::size_t) = nullptr;
+  void (*ready_)(const void*, void*, communicator_type&, const Reducer&, grad_sync_options,
+                 std::size_t) = nullptr;
   void (*collect_)(void*, missing_grad, std::vector<detail::grad_slot>&,
                    std::vector<std::string>&) = nullptr;
-  int no_sync_depth_ = 0;
+  // Read by hooks on other threads (LibTorch's autograd engine), hence atomic.
+  std::atomic<int> no_sync_depth_{0};
+  std::atomic<bool> synchronized_{false};
   // Double buffering: the gradients' views this step, and the copies being reduced.
   std::vector<detail::grad_slot> slots_;
   std::vector<std::string> names_;

@@ -12,6 +12,8 @@
 #include <cohort/reduce_op.hpp>
 #include <cohort/transport/mpi.hpp>
 
+#include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -65,10 +67,12 @@ std::vector<std::string> agree_on_metric_names(Communicator& comm, const local_m
     names.push_back(entry.first);
     f.add(entry.first);
   }
-  std::uint64_t bounds[2] = {f.value(), ~f.value()};
-  const boost::mpi::communicator& world = comm.mpi_comm();
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_UINT64_T, MPI_MAX, world),
-             "MPI_Allreduce (metric names)", world);
+  // Through the front door: checked, and watched for a rank that never comes.
+  // max(h) and max(~h) = ~min(h) (~ reverses the order of signed values too): equal on every
+  // rank exactly when every rank has the same h.
+  const auto hash = std::bit_cast<std::int64_t>(f.value());
+  std::array<std::int64_t, 2> bounds = {hash, ~hash};
+  comm.allreduce(bounds, reduce_op::max);
   if (bounds[0] == ~bounds[1]) {
     return names;
   }

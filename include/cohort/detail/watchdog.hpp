@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The watchdog of every rank: one thread per process that ends the job when a blocking MPI call
+// of cohort's has waited longer than its communicator's timeout. Blocking collectives stay
+// blocking (MPI's non-blocking ones are 1.3-1.8x slower here: bench/allreduce), so a thread other
+// than the one waiting must watch the clock. The waiting thread publishes what it waits for in a
+// `watch_slot` (a clock read and a few relaxed stores per call); the watchdog reads the slots a
+// few times per timeout and makes no MPI call but MPI_Abort.
+
+#include <cohort/config.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+using watch_clock = std::chrono::steady_clock;
+
+//! Prints `message` as one line on stderr and ends the whole job with a non-zero code: through
+//! MPI_Abort while MPI runs (the launcher then ends every rank), else by exiting. Used where the
+//! other ranks cannot be released any other way (a rank gone, a rank stalled past the timeout).
+[[noreturn]] inline void end_job(const std::string& message) noexcept {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  int initialized = 0;
+  int finalized = 0;
+  if (MPI_Initialized(&initialized) == MPI_SUCCESS && initialized != 0 &&
+      MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0) {
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  std::_Exit(1);
+}
+
+//! "12.3 s", for messages.
+inline std::string describe_seconds(watch_clock::duration d) {
+  const auto tenths = std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
+}
+
+//! What one thread is waiting for in a blocking MPI call: written by that thread, read by the
+//! watchdog. All relaxed atomics: the watchdog only needs a recent view, never a consistent one.
+struct watch_slot {
+  std::atomic<watch_clock::rep> since{0}; //!< when the call began; 0 while not waiting
+  std::atomic<const char*> operation{nullptr};
+  std::atomic<std::uint64_t> sequence{0};
+  std::atomic<std::size_t> bytes{0};
+  //! Whether every rank had passed the agreement check of this call: then all had arrived, and
+  //! the stall is inside the transfer.
+  std::atomic<bool> agreed{false};
+  watch_clock::duration timeout{};
+  int rank = -1;
+};
+
+//! The thread that watches every registered slot.
+class watchdog {
+public:
+  static watchdog& instance() {
+    static watchdog dog;
+    return dog;
+  }
+
+  //! Starts watching `slot` (whose timeout must be positive). The thread starts on first use.
+  void add(watch_slot* slot) {
+    {
+      const std::lock_guard lock(mutex_);
+      slots_.push_back(slot);
+      if (!thread_.joinable()) {
+        thread_ = std::thread([this] { loop(); });
+      }
+    }
+    changed_.notify_one();
+  }
+
+  void remove(watch_slot* slot) noexcept {
+    const std::lock_guard lock(mutex_);
+    slots_.erase(std::remove(slots_.begin(), slots_.end(), slot), slots_.end());
+  }
+
+  watchdog(const watchdog&) = delete;
+  watchdog& operator=(const watchdog&) = delete;
+
+private:
+  watchdog() = default;
+  ~watchdog() {
+    {
+      const std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_one();
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (slots_.empty()) {
+        changed_.wait(lock, [&] { return stop_ || !slots_.empty(); });
+        continue;
+      }
+      // Each slot is read a few times per its timeout, at most once per 10 ms.
+      auto period = std::chrono::duration_cast<watch_clock::duration>(std::chrono::seconds(1));
+      for (const watch_slot* slot : slots_) {
+        period = std::min(period, slot->timeout / 4);
+      }
+      period = std::max(
+          period, std::chrono::duration_cast<watch_clock::duration>(std::chrono::milliseconds(10)));
+      changed_.wait_for(lock, period);
+      const auto now = watch_clock::now().time_since_epoch().count();
+      for (const watch_slot* slot : slots_) {
+        const auto since = slot->since.load(std::memory_order_relaxed);
+        if (since != 0 && now - since > slot->timeout.count()) {
+          end_job(describe(*slot, watch_clock::duration(now - since)));
+        }
+      }
+    }
+  }
+
+  static std::string describe(const watch_slot& slot, watch_clock::duration waited) {
+    const char* operation = slot.operation.load(std::memory_order_relaxed);
+    std::string message = "cohort: timeout on rank " + std::to_string(slot.rank) + ": " +
+                          (operation != nullptr ? operation : "an MPI call") + " (#" +
+                          std::to_string(slot.sequence.load(std::memory_order_relaxed)) + ", " +
+                          std::to_string(slot.bytes.load(std::memory_order_relaxed)) +
+                          " bytes) has waited " + describe_seconds(waited) + " (timeout " +
+                          describe_seconds(slot.timeout) + "); ";
+    message += slot.agreed.load(std::memory_order_relaxed)
+                   ? "every rank had arrived at it (they passed its agreement check), so a "
+                     "rank stalled or died inside the transfer"
+                   : "the ranks had not checked that they all arrived (the agreement check is "
+                     "off, or this call has none): a rank may never have called it";
+    return message + "; ending the job";
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<watch_slot*> slots_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+//! Marks `slot` as waiting for the duration of one blocking call. Without a timeout (a slot not
+//! watched) it does nothing.
+class watch_scope {
+public:
+  watch_scope(watch_slot& slot, const char* operation, std::uint64_t sequence, std::size_t bytes,
+              bool agreed) noexcept
+      : slot_(slot.timeout.count() > 0 ? &slot : nullptr) {
+    if (slot_ != nullptr) {
+      slot_->operation.store(operation, std::memory_order_relaxed);
+      slot_->sequence.store(sequence, std::memory_order_relaxed);
+      slot_->bytes.store(bytes, std::memory_order_relaxed);
+      slot_->agreed.store(agreed, std::memory_order_relaxed);
+      slot_->since.store(watch_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    }
+  }
+  ~watch_scope() {
+    if (slot_ != nullptr) {
+      slot_->since.store(0, std::memory_order_relaxed);
+    }
+  }
+  watch_scope(const watch_scope&) = delete;
+  watch_scope& operator=(const watch_scope&) = delete;
+
+private:
+  watch_slot* slot_;
+};
+
+//! A slot registered with the watchdog for its lifetime (not movable: the watchdog holds its
+//! address).
+class registered_slot {
+public:
+  registered_slot(std::chrono::milliseconds timeout, int rank) {
+    slot_.timeout = std::chrono::duration_cast<watch_clock::duration>(timeout);
+    slot_.rank = rank;
+    if (timeout.count() > 0) {
+      watchdog::instance().add(&slot_);
+    }
+  }
+  ~registered_slot() {
+    if (slot_.timeout.count() > 0) {
+      watchdog::instance().remove(&slot_);
+    }
+  }
+  registered_slot(const registered_slot&) = delete;
+  registered_slot& operator=(const registered_slot&) = delete;
+
+  watch_slot& get() noexcept { return slot_; }
+
+private:
+  watch_slot slot_;
+};
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+// Real failures in real processes: one rank stalls, throws and returns, abandons an overlapped
+// step, or fails on cohort's thread, while the others train. Each mode is a job of its own, run by
+// test/support/expect_job.cmake under mpirun with a bounded time, which checks how the job ends:
+// with the expected message, within seconds of the failure, and never with a corrupted replica.
+//
+//   test_communicator_failure MODE
+//
+// MODE: stalled, stalled_in_transfer, throw_and_return, throw_and_return_overlapped,
+//       stalled_without_agreement, exchange_fails_on_cohorts_thread, uncaught_exception,
+//       healthy
+#include <cohort/cohort.hpp>
+
+#include <boost/mpi/environment.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using params_type = std::vector<cohort::parameter_ref<std::vector<float>>>;
+
+// A tiny replica: three tensors, trained by w -= 0.1 * g.
+struct replica {
+  std::vector<float> w1, g1, w2, g2, w3, g3;
+  params_type params;
+  replica()
+      : w1(64, 1.0f)
+      , g1(64)
+      , w2(1000, 1.0f)
+      , g2(1000)
+      , w3(5, 1.0f)
+      , g3(5) {
+    params = {{"w1", &w1, &g1}, {"w2", &w2, &g2}, {"w3", &w3, &g3}};
+  }
+  // A backward pass: every rank's gradients are rank + 1, finite and small.
+  void backward(int rank) {
+    for (auto* g : {&g1, &g2, &g3}) {
+      g->assign(g->size(), static_cast<float>(rank + 1));
+    }
+  }
+  bool finite_and_small() const {
+    for (const auto* w : {&w1, &w2, &w3}) {
+      for (const float x : *w) {
+        if (!std::isfinite(x) || std::abs(x) > 1e3f) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+};
+
+struct sgd {
+  replica* model;
+  void step() {
+    for (auto [w, g] : {std::pair{&model->w1, &model->g1}, std::pair{&model->w2, &model->g2},
+                        std::pair{&model->w3, &model->g3}}) {
+      for (std::size_t i = 0; i < w->size(); ++i) {
+        (*w)[i] -= 0.1f * (*g)[i];
+      }
+    }
+  }
+};
+
+// A strategy whose exchange fails on the last rank at its 4th bucket: what an MPI error or a bug
+// inside a strategy looks like, on cohort's thread.
+class failing_flat : public cohort::mpi_communicator<failing_flat> {
+public:
+  static constexpr std::string_view name = "failing_flat";
+  using cohort::mpi_communicator<failing_flat>::mpi_communicator;
+
+private:
+  friend class cohort::mpi_communicator<failing_flat>;
+  void exchange(cohort::tensor_view bucket, cohort::reduce_op op) {
+    if (rank() == size() - 1 && ++exchanges_ == 4) {
+      throw std::runtime_error("injected failure in the exchange");
+    }
+    cohort::mpi::allreduce(grad_comm(), bucket, op);
+  }
+  int exchanges_ = 0;
+};
+
+void say(int rank, const std::string& text) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, text.c_str());
+  std::fflush(stderr);
+}
+
+// Trains `steps` steps; the last rank misbehaves as `mode` says at step `at`.
+int run(std::string_view mode, int argc, char** argv) {
+  boost::mpi::environment env(argc, argv, boost::mpi::threading::multiple);
+  const int world_rank = boost::mpi::communicator().rank();
+  const int last = boost::mpi::communicator().size() - 1;
+  const bool odd_one = world_rank == last;
+  const cohort::communicator_options options{.check_agreement = mode != "stalled_without_agreement",
+                                             .bucket_bytes = 256,
+                                             .first_bucket_bytes = 64,
+                                             .timeout = std::chrono::seconds(3)};
+  constexpr int steps = 8;
+  constexpr int at = 3;
+
+  if (mode == "exchange_fails_on_cohorts_thread") {
+    auto comm = cohort::make_communicator<failing_flat>(options);
+    replica model;
+    cohort::distributed_optimizer opt{sgd{&model}, comm, model.params};
+    for (int step = 0; step < steps; ++step) {
+      model.backward(world_rank);
+      for (std::size_t p = model.params.size(); p-- > 0;) {
+        opt.grad_ready(p);
+      }
+      opt.step();
+    }
+    say(world_rank, "trained without noticing the failure");
+    return 0;
+  }
+
+  auto comm = cohort::make_communicator<cohort::flat>(options);
+  replica model;
+  const std::vector<float> start = model.w2;
+  try {
+    cohort::distributed_optimizer opt{sgd{&model}, comm, model.params};
+    for (int step = 0; step < steps; ++step) {
+      model.backward(world_rank);
+      const bool overlapped = mode == "throw_and_return_overlapped";
+      if (overlapped) {
+        // Backward marks the last layers first; the failing rank throws halfway through.
+        opt.grad_ready(2);
+        if (odd_one && step == at) {
+          throw std::runtime_error("out of memory in the backward pass (injected)");
+        }
+        opt.grad_ready(1);
+        opt.grad_ready(0);
+      }
+      if (odd_one && step == at) {
+        if (mode == "stalled" || mode == "stalled_without_agreement") {
+          say(world_rank, "stopping itself");
+          std::raise(SIGSTOP);
+        } else if (mode == "throw_and_return") {
+          throw std::runtime_error("out of memory in the backward pass (injected)");
+        } else if (mode == "uncaught_exception") {
+          // Thrown where nothing catches it.
+          std::thread([] { throw std::runtime_error("a bug on a thread of the trainer"); }).join();
+        }
+      }
+      if (mode == "stalled_in_transfer" && odd_one && step == at) {
+        // Stops itself while the others are, most likely, inside the big all-reduce.
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          std::raise(SIGSTOP);
+        }).detach();
+      }
+      if (mode == "stalled_in_transfer") {
+        std::vector<float> big(std::size_t{16} << 20, 1.0f);
+        for (int i = 0; i < 10; ++i) {
+          comm.allreduce(big);
+        }
+      }
+      opt.step();
+    }
+  } catch (const std::exception& e) {
+    say(world_rank, std::string("caught: ") + e.what());
+    // The point of the test: whatever the others did, this replica holds no garbage.
+    say(world_rank, model.finite_and_small() ? "replica intact" : "REPLICA CORRUPTED");
+    return 1;
+  }
+  say(world_rank, model.finite_and_small() ? "trained, replica intact" : "REPLICA CORRUPTED");
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s MODE\n", argv[0]);
+    return 2;
+  }
+  return run(argv[1], argc, argv);
+}
