@@ -31,16 +31,18 @@ void expect_equal(const std::vector<T>& got, const std::vector<T>& expected) {
 }
 
 template <class Strategy>
-Strategy make(cohort::gpu_options gpu = {}) {
-  return Strategy(boost::mpi::communicator(), {}, gpu);
+Strategy make(cohort::gpu_options gpu = {}, cohort::communicator_options options = {}) {
+  return Strategy(boost::mpi::communicator(), options, gpu);
 }
 template <>
-cohort::host_staged make<cohort::host_staged>(cohort::gpu_options) {
-  return cohort::host_staged(boost::mpi::communicator());
+cohort::host_staged make<cohort::host_staged>(cohort::gpu_options,
+                                              cohort::communicator_options options) {
+  return cohort::host_staged(boost::mpi::communicator(), options);
 }
 template <>
-cohort::cuda_aware_flat make<cohort::cuda_aware_flat>(cohort::gpu_options) {
-  return cohort::cuda_aware_flat(boost::mpi::communicator());
+cohort::cuda_aware_flat make<cohort::cuda_aware_flat>(cohort::gpu_options,
+                                                      cohort::communicator_options options) {
+  return cohort::cuda_aware_flat(boost::mpi::communicator(), options);
 }
 
 // Mixed sizes and dtypes on the device; the same on the host for the oracle.
@@ -257,10 +259,14 @@ void check_broadcast_parameters() {
 }
 } // namespace
 
-BOOST_AUTO_TEST_CASE(broadcast_parameters_in_buckets_of_16_bytes) {
-  // Values of 1, 3 and 5 floats packed 16 bytes at a time, 100 floats broadcast in place.
-  cohort::pure_nccl comm(boost::mpi::communicator(), {.bucket_bytes = 16});
-  const std::size_t sizes[] = {1, 3, 5, 100, 2};
+namespace {
+// Values of 1, 3 and 5 floats and more, with buckets of 16 bytes: packed on the device (values
+// under 16 bytes) or broadcast in place, or staged through pinned memory 16 bytes at a time (a
+// value of 100 floats in 25 pieces). With buckets of 0 bytes, each value travels alone.
+template <class Strategy>
+void check_broadcast_parameters_in_small_buckets(std::size_t bucket_bytes) {
+  auto comm = make<Strategy>({}, {.bucket_bytes = bucket_bytes});
+  const std::size_t sizes[] = {1, 3, 5, 100, 0, 2};
   std::vector<std::unique_ptr<device_array<float>>> values, grads;
   std::vector<cohort::device_span<float>> spans;
   spans.reserve(2 * std::size(sizes));
@@ -278,6 +284,19 @@ BOOST_AUTO_TEST_CASE(broadcast_parameters_in_buckets_of_16_bytes) {
     expect_equal(values[i]->read(), std::vector<float>(sizes[i], static_cast<float>(i)));
   }
 }
+} // namespace
+
+BOOST_AUTO_TEST_CASE(broadcast_parameters_in_buckets_of_16_and_0_bytes) {
+  for (const std::size_t bucket_bytes : {std::size_t{16}, std::size_t{0}}) {
+    check_broadcast_parameters_in_small_buckets<cohort::pure_nccl>(bucket_bytes);
+    check_broadcast_parameters_in_small_buckets<cohort::host_staged>(bucket_bytes);
+    check_broadcast_parameters_in_small_buckets<cohort::hierarchical<cohort::nccl_links>>(
+        bucket_bytes);
+    if (cohort::mpi_is_cuda_aware()) {
+      check_broadcast_parameters_in_small_buckets<cohort::cuda_aware_flat>(bucket_bytes);
+    }
+  }
+}
 
 BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
   check_broadcast_parameters<cohort::pure_nccl>();
@@ -285,6 +304,53 @@ BOOST_AUTO_TEST_CASE(broadcast_parameters_on_the_device) {
   // ranks.
   check_broadcast_parameters<cohort::hierarchical<cohort::nccl_links>>();
   check_broadcast_parameters<cohort::two_dimensional<cohort::nccl_links>>();
+  // What distributed_optimizer calls first: staged through pinned memory, or MPI on the device.
+  check_broadcast_parameters<cohort::host_staged>();
+  if (cohort::mpi_is_cuda_aware()) {
+    check_broadcast_parameters<cohort::cuda_aware_flat>();
+  }
+}
+
+namespace {
+// The root's value is written on the user's own (non-blocking) stream just before the broadcast,
+// behind a long memset, and read on the others from that stream: the broadcast must start after
+// the root's write and end before the others' read, although neither is ordered with the legacy
+// default stream.
+template <class Strategy>
+void check_broadcast_parameters_after_the_users_stream() {
+  auto comm = make<Strategy>();
+  cohort::cuda::stream user;
+  comm.set_stream(user.get());
+  const bool root = comm.rank() == 0;
+  device_array<std::int32_t> w(std::vector<std::int32_t>(4099, comm.rank() + 2));
+  device_array<std::int32_t> g(std::vector<std::int32_t>(4099));
+  cohort::cuda::device_buffer slow;
+  const std::size_t slow_bytes = std::size_t{256} << 20;
+  if (root) {
+    cohort::cuda::check(cudaMemsetAsync(slow.reserve(slow_bytes), 0, slow_bytes, user.get()),
+                        "cudaMemsetAsync");
+    cohort::cuda::check(
+        cudaMemsetAsync(w.span().data(), 1, 4099 * sizeof(std::int32_t), user.get()),
+        "cudaMemsetAsync");
+  }
+  auto w_view = w.span();
+  auto g_view = g.span();
+  std::vector<cohort::parameter_ref<cohort::device_span<std::int32_t>>> params{
+      {"w", &w_view, &g_view}};
+  comm.broadcast_parameters(params, 0);
+  user.synchronize(); // the user's stream waits for cohort's copies: once it is done, so are they
+  expect_equal(w.read(), std::vector<std::int32_t>(4099, 0x01010101));
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(broadcast_parameters_is_ordered_with_the_users_stream) {
+  check_broadcast_parameters_after_the_users_stream<cohort::pure_nccl>();
+  check_broadcast_parameters_after_the_users_stream<cohort::host_staged>();
+  check_broadcast_parameters_after_the_users_stream<cohort::hierarchical<cohort::nccl_links>>();
+  check_broadcast_parameters_after_the_users_stream<cohort::two_dimensional<cohort::nccl_links>>();
+  if (cohort::mpi_is_cuda_aware()) {
+    check_broadcast_parameters_after_the_users_stream<cohort::cuda_aware_flat>();
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_collective_one_rank_never_joins_times_out_instead_of_hanging) {
@@ -301,8 +367,12 @@ BOOST_AUTO_TEST_CASE(a_collective_one_rank_never_joins_times_out_instead_of_hang
   if (comm.rank() != comm.size() - 1) {
     const auto start = std::chrono::steady_clock::now();
     BOOST_CHECK_EXCEPTION(comm.allreduce(view), cohort::timeout_error,
-                          [](const cohort::timeout_error& e) {
-                            return std::string(e.what()).find("aborted") != std::string::npos;
+                          [&](const cohort::timeout_error& e) {
+                            const std::string what = e.what();
+                            return what.find("aborted") != std::string::npos &&
+                                   what.find("allreduce on rank " + std::to_string(world.rank())) !=
+                                       std::string::npos &&
+                                   what.find("waited") != std::string::npos;
                           });
     BOOST_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
     // The abort ended this rank's part: the device is free again, and the communicator is gone
@@ -324,6 +394,64 @@ BOOST_AUTO_TEST_CASE(finalize_twice_and_use_after_finalize) {
   comm.finalize();
   comm.finalize(); // a second "free" is harmless
   BOOST_CHECK_THROW(comm.allreduce(view), cohort::error);
+}
+
+BOOST_AUTO_TEST_CASE(finalize_waits_for_work_still_queued) {
+  // With no time limit cohort does not wait for its collectives: finalize comes while the
+  // all-reduce may still be in flight, and must let it finish (ncclCommFinalize flushes it).
+  auto comm = make<cohort::pure_nccl>({.timeout = std::chrono::milliseconds(0)});
+  device_array<float> x(std::vector<float>(1 << 20, 1.0f));
+  auto view = x.span();
+  comm.allreduce(view);
+  comm.finalize();
+  expect_equal(x.read(), std::vector<float>(1 << 20, static_cast<float>(comm.size())));
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_never_joins_the_communicator_times_out_the_others) {
+  const boost::mpi::communicator world;
+  if (world.size() < 2) {
+    return;
+  }
+  // The id travels to every rank, but the last rank never joins: the others' ncclCommInitRankConfig
+  // stays in progress until the 2-second limit aborts what it created, and throws.
+  ncclUniqueId id{};
+  if (world.rank() == 0) {
+    BOOST_REQUIRE_EQUAL(ncclGetUniqueId(&id), ncclSuccess);
+  }
+  BOOST_REQUIRE_EQUAL(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, world), MPI_SUCCESS);
+  if (world.rank() != world.size() - 1) {
+    const auto start = std::chrono::steady_clock::now();
+    BOOST_CHECK_EXCEPTION(
+        cohort::nccl::communicator(id, world.size(), world.rank(), std::chrono::seconds(2)),
+        cohort::error, [](const cohort::error& e) {
+          return std::string(e.what()).find("ncclCommInitRankConfig") != std::string::npos;
+        });
+    BOOST_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  }
+  world.barrier();
+}
+
+BOOST_AUTO_TEST_CASE(finalize_with_a_peer_gone_aborts_within_the_limit) {
+  const boost::mpi::communicator world;
+  if (world.size() < 2) {
+    return;
+  }
+  cohort::nccl::communicator c(world, std::chrono::seconds(2));
+  device_array<float> x(std::vector<float>(1 << 20, 1.0f));
+  cohort::cuda::stream s;
+  if (world.rank() != world.size() - 1) {
+    // Queued, never waited for: the last rank never takes part, so it cannot finish, and
+    // finalizing (which flushes it) cannot either. Past the limit the communicator is aborted.
+    cohort::nccl::allreduce(c, x.span().data(), x.span().data(), 1 << 20, cohort::dtype::float32,
+                            cohort::reduce_op::sum, s.get());
+    const auto start = std::chrono::steady_clock::now();
+    BOOST_CHECK_THROW(c.destroy(), cohort::error);
+    BOOST_CHECK(!c.valid());
+    BOOST_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  } else {
+    c.abort(); // its peers are stuck in a collective it never joins: it cannot finalize with them
+  }
+  world.barrier();
 }
 
 BOOST_AUTO_TEST_CASE(memory_of_another_device_is_refused_by_name) {
@@ -359,18 +487,4 @@ BOOST_AUTO_TEST_CASE(memory_of_another_device_is_refused_by_name) {
   (void)cudaFree(elsewhere);
 }
 
-int main(int argc, char* argv[]) {
-  boost::mpi::environment env(argc, argv);
-  // One GPU per rank of each node; every rank takes the same decision.
-  auto topology = cohort::make_communicator<cohort::naive>();
-  const int fewest = topology.allreduce_obj(cohort::cuda::device_count() - topology.intra_size(),
-                                            [](int a, int b) { return a < b ? a : b; });
-  if (fewest < 0) {
-    if (topology.rank() == 0) {
-      std::printf("fewer CUDA devices than ranks on a node (one each needed): skipped\n");
-    }
-    return 77;
-  }
-  cohort::cuda::select_device(topology.intra_rank());
-  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-}
+#include "gpu_mpi_main.hpp"

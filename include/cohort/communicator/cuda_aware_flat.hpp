@@ -16,7 +16,10 @@
 #include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
+#include <cohort/tensor/parameter.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
 #include <cohort/transport/mpi.hpp>
 
@@ -26,6 +29,7 @@
 #include <mpi-ext.h> // Open MPI's MPIX_Query_cuda_support
 #endif
 
+#include <cstddef>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,6 +68,41 @@ public:
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
 
+  //! Copies every parameter's value from `root`. Values in device memory go through MPI on the
+  //! device pointers (this strategy's premise): a value of at least `fusion_threshold_bytes` in
+  //! place, smaller ones packed on the device a bucket (`bucket_bytes`) at a time, after the work
+  //! queued on the user's stream and before what is queued there next. The ranks first agree on
+  //! every name, size and dtype (a `mismatch_error` on every rank if they differ). Parameters in
+  //! host memory go through MPI, as in every strategy.
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    if (!detail::parameter_layout::any_on_device(params)) {
+      return base::broadcast_parameters(params, root);
+    }
+    detail::operation_scope scope("broadcast_parameters");
+    detail::parameter_layout layout;
+    const std::string problem = local_checks([&] {
+      check_root(root, "broadcast_parameters");
+      layout.collect(params, rank());
+    });
+    settle(
+        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
+        problem);
+    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
+    const auto watch = watch_transfer("broadcast_parameters", 0);
+    const cudaStream_t s = streams_.begin();
+    broadcast_.run(
+        layout.values(), rank() == root, options().bucket_bytes, options().fusion_threshold_bytes,
+        s, [&](void* data, std::size_t bytes) {
+          // MPI does not order itself on CUDA streams: on the root the pack (and the
+          // user's work before it) must be done before MPI reads; elsewhere the unpack
+          // of the last bucket, before MPI overwrites the buffer.
+          cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+          mpi::broadcast(mpi_comm(), {data, bytes, dtype::uint8, memory_location::device}, root);
+        });
+    streams_.end();
+  }
+
 private:
   friend base;
 
@@ -89,6 +128,7 @@ private:
 
   detail::device_streams streams_;
   detail::device_fused_reduction fused_;
+  detail::device_fused_broadcast broadcast_;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

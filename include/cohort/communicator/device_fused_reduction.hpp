@@ -6,19 +6,29 @@
     "<cohort/communicator/device_fused_reduction.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
 #include <cohort/kernels/pack.cuh>
+#include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace cohort {
@@ -69,6 +79,135 @@ private:
   std::array<kernels::device::batch_workspace, std::size(all_dtypes)> unpack_workspaces_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
+};
+
+//! The parameters of a device strategy's `broadcast_parameters`, read for the agreement of the
+//! ranks before anything moves: names, values in their own dtypes, all in device memory. The
+//! fingerprint and the description cover what the host strategies' broadcast covers (the root,
+//! every name, size and dtype) and the memory too, so that a rank whose parameters are in host
+//! memory (and which takes the host path) meets a mismatch_error, not a different collective.
+class parameter_layout {
+public:
+  //! Whether any parameter's value is in device or managed memory, by its type's (or its
+  //! pointer's) say only: never throws for a bad tensor, so that every rank can take this
+  //! decision before the front door's checks.
+  template <parameter_set Params>
+  static bool any_on_device(Params& params) {
+    for (auto&& p : params) {
+      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+      if (on_device(traits::value(p))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  //! Reads every parameter of `params`. Throws `invalid_argument` (for a front door's local
+  //! checks) for a value that is not contiguous, or for values partly in host memory.
+  template <parameter_set Params>
+  void collect(Params& params, int rank) {
+    names_.clear();
+    values_.clear();
+    for (auto&& p : params) {
+      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+      names_.emplace_back(traits::name(p));
+      values_.push_back(make_view(traits::value(p), "parameter '" + names_.back() + "'"));
+      if (values_.back().location == memory_location::host) {
+        throw invalid_argument("cohort: broadcast_parameters on rank " + std::to_string(rank) +
+                               ": parameter '" + names_.back() +
+                               "' is in host memory but others are in device memory; keep a "
+                               "model's parameters in one kind of memory");
+      }
+    }
+  }
+
+  //! The same on every rank that passes the same parameters from the same root.
+  std::uint64_t fingerprint(int root) const {
+    fingerprint_builder f;
+    f.add(static_cast<std::uint64_t>(root)).add(values_.size()).add(std::string_view("device"));
+    for (std::size_t i = 0; i < values_.size(); ++i) {
+      f.add(names_[i]).add(values_[i].count).add(static_cast<std::uint64_t>(values_[i].type));
+    }
+    return f.value();
+  }
+
+  //! What the ranks exchange when their fingerprints differ.
+  std::vector<signature_entry> describe() const {
+    std::vector<signature_entry> described;
+    described.reserve(values_.size());
+    for (std::size_t i = 0; i < values_.size(); ++i) {
+      described.push_back({"parameter '" + names_[i] + "'",
+                           "a value of " + describe_tensor(values_[i].count, values_[i].type) +
+                               " in device memory"});
+    }
+    return described;
+  }
+
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  std::span<const tensor_view> values() const noexcept { return values_; }
+
+private:
+  using fingerprint_builder = detail::fingerprint;
+
+  std::vector<std::string> names_;
+  std::vector<tensor_view> values_;
+};
+
+//! The device counterpart of the host strategies' parameter broadcast: a value of at least
+//! `threshold` bytes travels in place; smaller ones are packed, a bucket of at most `capacity`
+//! bytes at a time, into one reused device buffer by one kernel on the root, and unpacked by one
+//! on the others, all queued on `stream`. The extra device memory is one bucket, not a copy of
+//! the model. `move(void* data, std::size_t bytes)` broadcasts one device range from the root:
+//! queued on `stream` (NCCL), or done when it returns (MPI, which must first wait for `stream`).
+class device_fused_broadcast {
+public:
+  template <class Move>
+  void run(std::span<const tensor_view> values, bool root, std::size_t capacity,
+           std::size_t threshold, cudaStream_t stream, Move&& move) {
+    capacity = std::max<std::size_t>(1, capacity);
+    threshold = std::min(threshold, capacity);
+    pending_.clear();
+    std::size_t filled = 0;
+    const auto flush = [&] {
+      if (pending_.empty()) {
+        return;
+      }
+      const tensor_view packed{buffer_.reserve(capacity), filled, dtype::uint8,
+                               memory_location::device};
+      if (root) {
+        sources_.assign(pending_.begin(), pending_.end());
+        kernels::device::pack(sources_, packed, 1.0, stream, workspace_);
+      }
+      move(packed.data, filled);
+      if (!root) {
+        kernels::device::unpack(packed, pending_, 1.0, stream, workspace_);
+      }
+      pending_.clear();
+      filled = 0;
+    };
+    for (const tensor_view& v : values) {
+      const std::size_t bytes = v.size_bytes();
+      if (bytes == 0) {
+        continue;
+      }
+      if (bytes >= threshold) {
+        move(v.data, bytes);
+        continue;
+      }
+      if (filled + bytes > capacity) {
+        flush();
+      }
+      pending_.push_back({v.data, bytes, dtype::uint8, v.location});
+      filled += bytes;
+    }
+    flush();
+  }
+
+private:
+  cuda::device_buffer buffer_;
+  kernels::device::batch_workspace workspace_;
+  std::vector<tensor_view> pending_;
+  std::vector<const_tensor_view> sources_;
 };
 
 } // namespace detail

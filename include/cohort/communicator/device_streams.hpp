@@ -16,6 +16,12 @@ namespace detail {
 //! queued (the gradients are ready) and the user's stream continues after cohort's work (the
 //! optimizer sees reduced gradients), with events, never a device-wide synchronisation. Created
 //! at first use, on the device current then.
+//!
+//! Events, because cohort's stream is non-blocking: CUDA's legacy default stream synchronizes
+//! with the blocking streams of its context but not with non-blocking ones ("Stream
+//! synchronization behavior" in the CUDA runtime API), and a user's stream set with
+//! `set_user_stream` is ordered with nothing implicitly. cudaStreamWaitEvent makes all later work
+//! of one stream wait for the work an event captured on another, on the device.
 class device_streams {
 public:
   //! The stream the user's work is queued on (the legacy default stream unless set).
@@ -25,37 +31,40 @@ public:
   //! cohort's stream, ordered after everything queued so far on the user's stream.
   cudaStream_t begin() {
     if (!own_) {
+      // All three or none: a failure to create one leaves nothing half made for the next call.
       own_.emplace();
-      ready_.emplace();
-      done_.emplace();
     }
-    ready_->record(user_);
-    ready_->make_wait(own_->get());
-    return own_->get();
+    own_->ready.record(user_);
+    own_->ready.make_wait(own_->stream.get());
+    return own_->stream.get();
   }
 
   //! The event that marks the end of the user's work queued before cohort's (after `begin`).
-  const cuda::event& started() const { return *ready_; }
+  const cuda::event& started() const { return own_->ready; }
 
   //! Orders the user's stream after cohort's work; returns the event that marks its end.
   const cuda::event& end() {
-    done_->record(own_->get());
-    done_->make_wait(user_);
-    return *done_;
+    own_->done.record(own_->stream.get());
+    own_->done.make_wait(user_);
+    return own_->done;
   }
 
   //! Blocks the host until cohort's work is done.
   void synchronize() const {
     if (own_) {
-      own_->synchronize();
+      own_->stream.synchronize();
     }
   }
 
 private:
+  struct owned {
+    cuda::stream stream;
+    cuda::event ready;
+    cuda::event done;
+  };
+
   cudaStream_t user_ = nullptr;
-  std::optional<cuda::stream> own_;
-  std::optional<cuda::event> ready_;
-  std::optional<cuda::event> done_;
+  std::optional<owned> own_;
 };
 
 } // namespace detail

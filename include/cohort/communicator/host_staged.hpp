@@ -19,6 +19,7 @@
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
 #include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
 #include <cohort/transport/mpi.hpp>
@@ -26,12 +27,107 @@
 #include <boost/mpi/communicator.hpp>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+//! One pinned host buffer that device memory is staged through, on cohort's stream (host_staged's
+//! and the GPU two-level strategies'). Pinned, because cudaMemcpyAsync between device and pinned
+//! memory is asynchronous and ordered on its stream, where one with pageable memory may
+//! synchronize with the host ("API synchronization behavior", CUDA runtime API). The buffer grows
+//! only once the copies queued from it are done, and the host writes it only after waiting for
+//! them: every copy from it is on the one stream it is used with.
+class pinned_staging {
+public:
+  //! At least `bytes` of pinned memory; if it must grow, `stream`'s copies from the old buffer
+  //! are waited for first.
+  void* reserve(std::size_t bytes, cudaStream_t stream) {
+    if (buffer_.size() < bytes) {
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
+    return buffer_.reserve(bytes);
+  }
+
+  //! Broadcasts `values` (device memory) from the root through the buffer, `capacity` bytes at a
+  //! time: the root copies a bucket's worth into it on `stream`, `send(void* host, std::size_t
+  //! bytes)` broadcasts the bucket on the host once the copies are done, and the other ranks copy
+  //! it back on `stream` (the caller then orders the user's stream after those copies). A value
+  //! larger than a bucket travels in pieces: the pinned memory is one bucket, not a copy of the
+  //! model. A `capacity` of 0 gives each value a bucket of its own, whole (as `bucket_bytes` 0
+  //! does for gradients).
+  template <class Send>
+  void broadcast(std::span<const tensor_view> values, bool root, std::size_t capacity,
+                 cudaStream_t stream, Send&& send) {
+    const bool one_each = capacity == 0;
+    if (one_each) {
+      for (const tensor_view& v : values) {
+        capacity = std::max(capacity, v.size_bytes());
+      }
+    }
+    capacity = std::max<std::size_t>(1, capacity);
+    auto* const host = static_cast<std::byte*>(reserve(capacity, stream));
+    pieces_.clear();
+    std::size_t filled = 0;
+    const auto flush = [&] {
+      if (filled == 0) {
+        return;
+      }
+      // On the root, the copies into the bucket are done; elsewhere, the copies out of the last
+      // bucket, before MPI overwrites it.
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      send(static_cast<void*>(host), filled);
+      if (!root) {
+        for (const piece& p : pieces_) {
+          cuda::check(
+              cudaMemcpyAsync(p.device, host + p.offset, p.bytes, cudaMemcpyHostToDevice, stream),
+              "cudaMemcpyAsync (host to device)");
+        }
+      }
+      pieces_.clear();
+      filled = 0;
+    };
+    for (const tensor_view& v : values) {
+      const std::size_t bytes = v.size_bytes();
+      for (std::size_t done = 0; done < bytes;) {
+        if (filled == capacity) {
+          flush();
+        }
+        const std::size_t n = std::min(capacity - filled, bytes - done);
+        void* const device = static_cast<std::byte*>(v.data) + done;
+        if (root) {
+          cuda::check(cudaMemcpyAsync(host + filled, device, n, cudaMemcpyDeviceToHost, stream),
+                      "cudaMemcpyAsync (device to host)");
+        }
+        pieces_.push_back({device, filled, n});
+        filled += n;
+        done += n;
+      }
+      if (one_each) {
+        flush();
+      }
+    }
+    flush();
+  }
+
+private:
+  struct piece {
+    void* device;
+    std::size_t offset;
+    std::size_t bytes;
+  };
+
+  cuda::pinned_buffer buffer_;
+  std::vector<piece> pieces_;
+};
+
+} // namespace detail
 
 class host_staged : public mpi_communicator<host_staged> {
   using base = mpi_communicator<host_staged>;
@@ -59,6 +155,7 @@ public:
     tensor_view v;
     const std::string problem = local_checks([&] { v = make_view(t, "allreduce"); });
     agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
+    const auto watch = watch_transfer("allreduce", v.size_bytes());
     staged(v, true, [&](tensor_view host) { mpi::allreduce(mpi_comm(), host, op); });
   }
 
@@ -77,7 +174,38 @@ public:
       check_root(root, "broadcast");
     });
     agree("broadcast", v.count, v.type, root, "root", problem);
+    const auto watch = watch_transfer("broadcast", v.size_bytes());
     staged(v, rank() == root, [&](tensor_view host) { mpi::broadcast(mpi_comm(), host, root); });
+  }
+
+  //! Copies every parameter's value from `root`. Values in device memory are staged through
+  //! pinned host memory a bucket (`bucket_bytes`) at a time, on cohort's stream, after the work
+  //! queued on the user's stream and before what is queued there next, as the gradients are. The
+  //! ranks first agree on every name, size and dtype (a `mismatch_error` on every rank if they
+  //! differ). Parameters in host memory go through MPI, as in every strategy.
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    if (!detail::parameter_layout::any_on_device(params)) {
+      return base::broadcast_parameters(params, root);
+    }
+    detail::operation_scope scope("broadcast_parameters");
+    detail::parameter_layout layout;
+    const std::string problem = local_checks([&] {
+      check_root(root, "broadcast_parameters");
+      layout.collect(params, rank());
+    });
+    settle(
+        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
+        problem);
+    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
+    const auto watch = watch_transfer("broadcast_parameters", 0);
+    const cudaStream_t s = streams_.begin();
+    staging_.broadcast(
+        layout.values(), rank() == root, options().bucket_bytes, s,
+        [&](void* host, std::size_t bytes) {
+          mpi::broadcast(mpi_comm(), {host, bytes, dtype::uint8, memory_location::host}, root);
+        });
+    streams_.end();
   }
 
 private:
@@ -88,7 +216,7 @@ private:
     const cudaStream_t s = streams_.begin();
     fused_.run(slots, reducer, size(), s, [&](tensor_view packed, reduce_op op) {
       // The host must wait for the pack before MPI reads the copy: one synchronisation per dtype.
-      void* host = grow_pinned(packed.size_bytes(), s);
+      void* host = staging_.reserve(packed.size_bytes(), s);
       cuda::check(
           cudaMemcpyAsync(host, packed.data, packed.size_bytes(), cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync (device to host)");
@@ -105,7 +233,7 @@ private:
   template <class F>
   void staged(tensor_view device, bool copy_in, F&& f) {
     const cudaStream_t s = streams_.begin();
-    void* host = grow_pinned(device.size_bytes(), s);
+    void* host = staging_.reserve(device.size_bytes(), s);
     if (copy_in) {
       cuda::check(
           cudaMemcpyAsync(host, device.data, device.size_bytes(), cudaMemcpyDeviceToHost, s),
@@ -118,17 +246,9 @@ private:
     streams_.end();
   }
 
-  // The pinned buffer, grown only once the copies queued from it are done.
-  void* grow_pinned(std::size_t bytes, cudaStream_t s) {
-    if (pinned_.size() < bytes) {
-      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    }
-    return pinned_.reserve(bytes);
-  }
-
   detail::device_streams streams_;
   detail::device_fused_reduction fused_;
-  cuda::pinned_buffer pinned_;
+  detail::pinned_staging staging_;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -22,7 +22,6 @@
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
-#include <cohort/kernels/pack.cuh>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
@@ -66,8 +65,10 @@ public:
 
   //! Blocks until cohort's queued work is done (needed only with gpu_options::timeout zero).
   void synchronize() const { streams_.synchronize(); }
-  //! Destroys the NCCL communicator (before the CUDA context goes). Idempotent; a later device
-  //! collective throws.
+  //! Destroys the NCCL communicator (before the CUDA context goes): once the work queued on it has
+  //! been handed to the device, it is finalized within `gpu_options::timeout`, then freed; an
+  //! error, or the time limit, aborts it instead and throws (see nccl::communicator::destroy).
+  //! Idempotent; a later device collective throws.
   void finalize() {
     finalized_ = true;
     if (nccl_) {
@@ -110,7 +111,7 @@ public:
     tensor_view v;
     const std::string problem = this->local_checks([&] { v = device_view(t, "allreduce"); });
     this->agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
-    enqueue("allreduce", [&](const nccl::communicator& c, cudaStream_t s) {
+    enqueue("allreduce", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::allreduce(c, v.data, v.data, v.count, v.type, op, s);
     });
   }
@@ -129,7 +130,7 @@ public:
       this->check_root(root, "broadcast");
     });
     this->agree("broadcast", v.count, v.type, root, "root", problem);
-    enqueue("broadcast", [&](const nccl::communicator& c, cudaStream_t s) {
+    enqueue("broadcast", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::broadcast(c, v.data, v.count, v.type, root, s);
     });
   }
@@ -150,7 +151,7 @@ public:
       this->check_blocks(i, o, "allgather");
     });
     this->agree("allgather", i.count, i.type, 0, "", problem);
-    enqueue("allgather", [&](const nccl::communicator& c, cudaStream_t s) {
+    enqueue("allgather", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::allgather(c, i.data, o.data, i.count, i.type, s);
     });
   }
@@ -171,7 +172,7 @@ public:
       this->check_blocks(o, i, "reduce_scatter");
     });
     this->agree("reduce_scatter", o.count, o.type, static_cast<int>(op), "op", problem);
-    enqueue("reduce_scatter", [&](const nccl::communicator& c, cudaStream_t s) {
+    enqueue("reduce_scatter", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::reduce_scatter(c, i.data, o.data, o.count, o.type, op, s);
     });
   }
@@ -188,7 +189,7 @@ public:
     this->check_peer(dest, "send");
     require_connected("send");
     const const_tensor_view v = device_const_view(t, "send");
-    enqueue("send", [&](const nccl::communicator& c, cudaStream_t s) {
+    enqueue("send", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::send(c, v.data, v.count, v.type, dest, s);
     });
   }
@@ -204,93 +205,41 @@ public:
     this->check_peer(source, "recv");
     require_connected("recv");
     const tensor_view v = device_view(t, "recv");
-    enqueue("recv", [&](const nccl::communicator& c, cudaStream_t s) {
+    enqueue("recv", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::recv(c, v.data, v.count, v.type, source, s);
     });
   }
 
-  //! Copies every parameter's value from `root`: one NCCL broadcast of the packed bytes for
-  //! values in GPU memory (MPI, as in every strategy, for a parameter set in host memory).
+  //! Copies every parameter's value from `root`. Values in GPU memory go through NCCL on cohort's
+  //! stream, after the work queued on the user's stream and before what is queued there next: a
+  //! value of at least `fusion_threshold_bytes` in place, smaller ones packed on the device a
+  //! bucket (`bucket_bytes`) at a time. The ranks first agree on every name, size and dtype (a
+  //! `mismatch_error` on every rank if they differ). Parameters in host memory go through MPI, as
+  //! in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    std::vector<std::string> names;
-    std::vector<tensor_view> values;
-    bool any_device = false;
-    bool any_host = false;
-    for (auto&& p : params) {
-      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-      names.emplace_back(traits::name(p));
-      const tensor_view v = make_view(traits::value(p), names.back());
-      (v.location == memory_location::host ? any_host : any_device) = true;
-      values.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
-    }
-    if (!any_device) {
+    if (!parameter_layout::any_on_device(params)) {
       return base::broadcast_parameters(params, root);
     }
     operation_scope scope("broadcast_parameters");
+    parameter_layout layout;
     const std::string problem = this->local_checks([&] {
       this->check_root(root, "broadcast_parameters");
-      if (any_host) {
-        throw invalid_argument("cohort: broadcast_parameters on rank " +
-                               std::to_string(this->rank()) +
-                               ": the parameters are partly in host and partly in device memory");
-      }
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        check_device(values[i].data, names[i]);
+      layout.collect(params, this->rank());
+      for (std::size_t i = 0; i < layout.values().size(); ++i) {
+        check_device(layout.values()[i].data, "parameter '" + layout.names()[i] + "'");
       }
     });
-    fingerprint f;
-    f.add(static_cast<std::uint64_t>(root)).add(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      f.add(names[i]).add(values[i].count);
-    }
     this->settle(
-        "broadcast_parameters", f.value(),
-        [&] {
-          std::vector<signature_entry> described;
-          for (std::size_t i = 0; i < values.size(); ++i) {
-            described.push_back({"parameter '" + names[i] + "'",
-                                 "a value of " + std::to_string(values[i].count) + " bytes"});
-          }
-          return described;
-        },
+        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
         problem);
-    // Small values travel packed, a bucket's worth of bytes at a time, and large ones in place,
-    // as on the host: the extra device memory is one bucket, not a copy of the model.
-    const std::size_t capacity = std::max<std::size_t>(1, this->options().bucket_bytes);
-    const std::size_t threshold = std::min(this->options().fusion_threshold_bytes, capacity);
-    void* const buffer = parameter_buffer_.reserve(capacity);
-    enqueue("broadcast_parameters", [&](const nccl::communicator& c, cudaStream_t s) {
-      std::vector<tensor_view> pending;
-      std::size_t filled = 0;
-      const auto flush = [&] {
-        if (pending.empty()) {
-          return;
-        }
-        const tensor_view packed{buffer, filled, dtype::uint8, memory_location::device};
-        if (this->rank() == root) {
-          const std::vector<const_tensor_view> sources(pending.begin(), pending.end());
-          kernels::device::pack(sources, packed, 1.0, s, parameter_workspace_);
-        }
-        nccl::broadcast(c, buffer, filled, dtype::uint8, root, s);
-        if (this->rank() != root) {
-          kernels::device::unpack(packed, pending, 1.0, s, parameter_workspace_);
-        }
-        pending.clear();
-        filled = 0;
-      };
-      for (const tensor_view& v : values) {
-        if (v.count >= threshold) {
-          nccl::broadcast(c, v.data, v.count, dtype::uint8, root, s);
-          continue;
-        }
-        if (filled + v.count > capacity) {
-          flush();
-        }
-        pending.push_back(v);
-        filled += v.count;
-      }
-      flush();
+    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
+    const auto watch = this->watch_transfer("broadcast_parameters", 0);
+    enqueue("broadcast_parameters", [&](nccl::communicator& c, cudaStream_t s) {
+      broadcast_.run(layout.values(), this->rank() == root, this->options().bucket_bytes,
+                     this->options().fusion_threshold_bytes, s, [&](void* data, std::size_t bytes) {
+                       nccl::broadcast(c, data, bytes, dtype::uint8, root, s);
+                     });
     });
   }
 
@@ -300,12 +249,10 @@ protected:
   template <reducer Reducer>
   void reduce_gradients(std::span<const grad_slot> slots, const Reducer& reducer) {
     Strategy& self = static_cast<Strategy&>(*this);
-    enqueue_on(self.bucket_comm(), "allreduce_grad",
-               [&](const nccl::communicator& c, cudaStream_t s) {
-                 fused_.run(slots, reducer, this->size(), s, [&](tensor_view packed, reduce_op op) {
-                   self.exchange_bucket(c, packed, op, s);
-                 });
-               });
+    enqueue_on(self.bucket_comm(), "allreduce_grad", [&](nccl::communicator& c, cudaStream_t s) {
+      fused_.run(slots, reducer, this->size(), s,
+                 [&](tensor_view packed, reduce_op op) { self.exchange_bucket(c, packed, op, s); });
+    });
   }
 
   //! The NCCL communicator the gradient buckets travel on (all ranks'), and how one packed buffer
@@ -314,8 +261,7 @@ protected:
   //! create a communicator over all ranks for gradients (ChainerMN's did, and failed to start
   //! above a few hundred ranks).
   nccl::communicator& bucket_comm() { return world_comm(); }
-  void exchange_bucket(const nccl::communicator& c, tensor_view packed, reduce_op op,
-                       cudaStream_t s) {
+  void exchange_bucket(nccl::communicator& c, tensor_view packed, reduce_op op, cudaStream_t s) {
     nccl::allreduce(c, packed.data, packed.data, packed.count, packed.type, op, s);
   }
 
@@ -323,8 +269,11 @@ protected:
   //! starts.
   const cuda::event& work_started() const { return streams_.started(); }
 
+  //! cohort's stream and its events, for a strategy's own work beside the user's.
+  device_streams& streams() noexcept { return streams_; }
+
   //! The NCCL communicator over all ranks, created at the first call on the current device.
-  const nccl::communicator& nccl_comm() { return world_comm(); }
+  nccl::communicator& nccl_comm() { return world_comm(); }
 
   nccl::communicator& world_comm() {
     if (finalized_) {
@@ -332,7 +281,7 @@ protected:
                   " after finalize()");
     }
     if (!nccl_) {
-      nccl_.emplace(this->mpi_comm(), gpu_.timeout);
+      nccl_.emplace(this->mpi_comm(), gpu_.timeout, this->options().timeout);
     }
     return *nccl_;
   }
@@ -350,7 +299,7 @@ private:
   void enqueue_on(nccl::communicator& c, std::string_view operation, Work&& work) {
     const cuda::device_guard on(c.device());
     const cudaStream_t s = streams_.begin();
-    work(static_cast<const nccl::communicator&>(c), s);
+    work(c, s);
     const cuda::event& done = streams_.end();
     if (gpu_.timeout.count() > 0) {
       c.wait(streams_.started(), done, gpu_.timeout, operation);
@@ -398,8 +347,7 @@ private:
   bool finalized_ = false;
   device_streams streams_;
   device_fused_reduction fused_;
-  cuda::device_buffer parameter_buffer_;
-  kernels::device::batch_workspace parameter_workspace_;
+  device_fused_broadcast broadcast_;
   // Declared last, destroyed first: the communicator's work ends before its buffers are freed.
   std::optional<nccl::communicator> nccl_;
 };

@@ -4,8 +4,9 @@
 // hierarchical<nccl_links, Inter> and two_dimensional<nccl_links, Inter>: the two-level
 // strategies on GPU memory, as ChainerMN's hierarchical and two_dimensional were. Inside the node,
 // NCCL on a communicator of the node's ranks; between nodes, `Inter` (MPI on host memory) on a
-// copy staged through pinned memory. Everything else (device collectives over all ranks, the
-// parameter broadcast, host tensors, objects) is nccl_strategy's.
+// copy staged through pinned memory, as host_staged does. The parameter broadcast is staged the
+// same way; everything else (device collectives over all ranks, host tensors, objects) is
+// nccl_strategy's.
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
@@ -15,11 +16,13 @@
 #include <cohort/algorithm/ring.hpp>
 #include <cohort/communicator/gpu_options.hpp>
 #include <cohort/communicator/hierarchical.hpp>
+#include <cohort/communicator/host_staged.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/nccl_strategy.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/parameter.hpp>
@@ -32,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,12 +59,27 @@ public:
                  gpu_options gpu)
       : base(comm, options, gpu) {}
 
-  //! Destroys both NCCL communicators (the node's and all ranks'). Idempotent.
+  //! Destroys both NCCL communicators (the node's and all ranks'), as nccl_strategy::finalize
+  //! does; both are freed whatever fails, and the first error is thrown. Idempotent.
   void finalize() {
+    std::exception_ptr first;
     if (intra_) {
-      intra_->destroy();
+      try {
+        intra_->destroy();
+      } catch (...) {
+        first = std::current_exception();
+      }
     }
-    base::finalize();
+    try {
+      base::finalize();
+    } catch (...) {
+      if (!first) {
+        first = std::current_exception();
+      }
+    }
+    if (first) {
+      std::rethrow_exception(first);
+    }
   }
   //! Aborts both NCCL communicators, abandoning their pending work.
   void abort() noexcept {
@@ -70,47 +89,37 @@ public:
     base::abort();
   }
 
-  //! Copies every parameter's value from `root`, staged through host memory and MPI: the only
-  //! NCCL communicator these strategies create is the node's (a device collective over all
-  //! ranks would create a second one, over every rank). Once per training run, so the copies
-  //! and the extra host buffers cost nothing per step.
+  //! Copies every parameter's value from `root`, staged through pinned host memory a bucket
+  //! (`bucket_bytes`) at a time and broadcast by MPI: the only NCCL communicator these strategies
+  //! create is the node's (a device collective over all ranks would create a second one, over
+  //! every rank). The copies run on cohort's stream, after the work queued on the user's stream
+  //! and before what is queued there next, as the gradients' do. The ranks first agree on every
+  //! name, size and dtype (a `mismatch_error` on every rank if they differ). Parameters in host
+  //! memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    std::vector<std::string> names;
-    std::vector<tensor_view> values;
-    for (auto&& p : params) {
-      using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-      names.emplace_back(traits::name(p));
-      values.push_back(make_view(traits::value(p), names.back()));
+    if (!parameter_layout::any_on_device(params)) {
+      return mpi_communicator<Strategy>::broadcast_parameters(params, root);
     }
-    std::vector<std::vector<std::byte>> copies(values.size());
-    std::vector<tensor_view> staged(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      staged[i] = values[i];
-      if (values[i].location != memory_location::host && values[i].count != 0) {
-        copies[i].resize(values[i].size_bytes());
-        staged[i].data = copies[i].data();
-        staged[i].location = memory_location::host;
-        if (this->rank() == root) {
-          cuda::check(cudaMemcpy(copies[i].data(), values[i].data, copies[i].size(),
-                                 cudaMemcpyDeviceToHost),
-                      "cudaMemcpy (device to host)");
-        }
-      }
-    }
-    std::vector<parameter_ref<tensor_view>> host_params;
-    host_params.reserve(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      host_params.push_back({names[i], &staged[i], nullptr});
-    }
-    mpi_communicator<Strategy>::broadcast_parameters(host_params, root);
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (!copies[i].empty() && this->rank() != root) {
-        cuda::check(
-            cudaMemcpy(values[i].data, copies[i].data(), copies[i].size(), cudaMemcpyHostToDevice),
-            "cudaMemcpy (host to device)");
-      }
-    }
+    operation_scope scope("broadcast_parameters");
+    parameter_layout layout;
+    const std::string problem = this->local_checks([&] {
+      this->check_root(root, "broadcast_parameters");
+      layout.collect(params, this->rank());
+    });
+    this->settle(
+        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
+        problem);
+    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
+    const auto watch = this->watch_transfer("broadcast_parameters", 0);
+    device_streams& streams = this->streams();
+    const cudaStream_t s = streams.begin();
+    staging_.broadcast(layout.values(), this->rank() == root, this->options().bucket_bytes, s,
+                       [&](void* host, std::size_t bytes) {
+                         mpi::broadcast(this->mpi_comm(),
+                                        {host, bytes, dtype::uint8, memory_location::host}, root);
+                       });
+    streams.end();
   }
 
 protected:
@@ -120,7 +129,7 @@ protected:
   //! reduction on the device current then.
   nccl::communicator& bucket_comm() {
     if (!intra_) {
-      intra_.emplace(this->intra_comm(), this->gpu().timeout);
+      intra_.emplace(this->intra_comm(), this->gpu().timeout, this->options().timeout);
     }
     return *intra_;
   }
@@ -131,17 +140,17 @@ protected:
     if (part.count == 0) {
       return;
     }
-    if (pinned_.size() < part.size_bytes()) {
-      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); // copies still read it
-    }
-    void* host = pinned_.reserve(part.size_bytes());
+    void* host = staging_.reserve(part.size_bytes(), s);
     cuda::check(cudaMemcpyAsync(host, part.data, part.size_bytes(), cudaMemcpyDeviceToHost, s),
                 "cudaMemcpyAsync (device to host)");
-    copied_.record(s);
+    if (!copied_) {
+      copied_.emplace(); // on the device of the stream it marks
+    }
+    copied_->record(s);
     if (this->gpu().timeout.count() > 0) {
-      intra_->wait(this->work_started(), copied_, this->gpu().timeout, "allreduce_grad");
+      intra_->wait(this->work_started(), *copied_, this->gpu().timeout, "allreduce_grad");
     } else {
-      copied_.synchronize();
+      copied_->synchronize();
     }
     Inter::allreduce(comm, {host, part.count, part.type, memory_location::host}, op);
     cuda::check(cudaMemcpyAsync(part.data, host, part.size_bytes(), cudaMemcpyHostToDevice, s),
@@ -149,8 +158,10 @@ protected:
   }
 
 private:
-  cuda::pinned_buffer pinned_;
-  cuda::event copied_;
+  pinned_staging staging_;
+  // Made at first use, like the streams: an event must be of the device of the streams it is
+  // recorded on, and the trainer picks its device after constructing the communicator.
+  std::optional<cuda::event> copied_;
   // Declared last, destroyed first: its work ends before the buffers it reads are freed.
   std::optional<nccl::communicator> intra_;
 };
@@ -177,7 +188,7 @@ private:
   friend detail::nccl_strategy<hierarchical>;
 
   // On the node's communicator (bucket_comm).
-  void exchange_bucket(const nccl::communicator& intra, tensor_view packed, reduce_op op,
+  void exchange_bucket(nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
     nccl::reduce(intra, packed.data, packed.data, packed.count, packed.type, op, 0, s);
     if (this->intra_rank() == 0) {
@@ -211,7 +222,7 @@ private:
   friend detail::nccl_strategy<two_dimensional>;
 
   // On the node's communicator (bucket_comm).
-  void exchange_bucket(const nccl::communicator& intra, tensor_view packed, reduce_op op,
+  void exchange_bucket(nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
     const int k = this->intra_size();
     const auto block = [&](int i) {

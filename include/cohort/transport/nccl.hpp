@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Thin RAII bindings to NCCL: a communicator bootstrapped over MPI (the root's ncclUniqueId sent
-// with Boost.MPI), dtype and op mapping, a group guard, errors as exceptions with NCCL's own
-// messages, and completion with a time limit: a collective that does not finish in time, or that
-// NCCL reports an asynchronous error for, aborts the communicator (ncclCommAbort) and throws,
-// instead of leaving the ranks hanging.
+// Thin RAII bindings to NCCL: a communicator bootstrapped over MPI (the root's ncclUniqueId
+// broadcast by MPI), dtype and op mapping, a group guard, errors as exceptions with NCCL's own
+// messages, and completion with a time limit: a call that does not finish in time, or that NCCL
+// reports an error for, aborts the communicator (ncclCommAbort) and throws, instead of leaving the
+// ranks hanging. The NCCL pages cited are those of the user guide,
+// docs.nvidia.com/deeplearning/nccl/user-guide/docs/ (usage/ and api/).
 
 #include <cohort/config.hpp>
+#include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/dtype.hpp>
@@ -19,6 +21,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -78,56 +81,155 @@ constexpr ncclRedOp_t op(reduce_op operation) noexcept {
   return ncclSum;
 }
 
+namespace detail {
+
+//! What follows an NCCL result: the value a call returned, or the state ncclCommGetAsyncError
+//! reports for a non-blocking communicator. NCCL's user guide ("Error handling and communicator
+//! abort", usage/communicators.html) sorts the results so: ncclInProgress is polled with
+//! ncclCommGetAsyncError until it turns into ncclSuccess, and no other NCCL call may be made on the
+//! communicator meanwhile; after ncclInvalidArgument the call had no effect and the communicator
+//! still works; every other error is fatal to the communicator, which must be ended with
+//! ncclCommAbort. A call still in progress past the time limit is aborted as well: ncclCommAbort
+//! is what ends this rank's part in work that waits for a peer that never comes.
+enum class nccl_next {
+  proceed,     //!< ncclSuccess
+  poll,        //!< ncclInProgress, within the time limit
+  fail_intact, //!< throw; the communicator is still usable
+  abort,       //!< abort the communicator, then throw
+};
+
+constexpr nccl_next next_after(ncclResult_t result, bool past_limit) noexcept {
+  switch (result) {
+  case ncclSuccess:
+    return nccl_next::proceed;
+  case ncclInProgress:
+    return past_limit ? nccl_next::abort : nccl_next::poll;
+  case ncclInvalidArgument:
+    return nccl_next::fail_intact;
+  default:
+    return nccl_next::abort;
+  }
+}
+
+//! What a communicator's teardown does given its asynchronous state. Only a communicator in
+//! ncclSuccess is finalized: ncclCommFinalize moves a communicator from ncclSuccess to
+//! ncclInProgress ("Finalizing a communicator", usage/communicators.html), and while an earlier
+//! call is still in progress no other NCCL call may be made (API reference,
+//! ncclCommGetAsyncError). A communicator in error is aborted, not finalized: after an error
+//! nothing can be assumed about the work queued on it, and the reference says to destroy it with
+//! ncclCommAbort. One still in progress past the time limit is aborted too, since finalizing
+//! waits for the peers.
+enum class teardown { finalize, poll, abort };
+
+constexpr teardown before_finalize(ncclResult_t state, bool past_limit) noexcept {
+  if (state == ncclSuccess) {
+    return teardown::finalize;
+  }
+  if (state == ncclInProgress && !past_limit) {
+    return teardown::poll;
+  }
+  return teardown::abort;
+}
+
+//! The message of NCCL work that outlived its time limit: the operation, the rank, the limit and
+//! how long this rank waited.
+inline std::string timeout_message(std::string_view operation, int rank,
+                                   std::chrono::milliseconds limit,
+                                   std::chrono::milliseconds waited) {
+  return "cohort: " + std::string(operation) + " on rank " + std::to_string(rank) +
+         " did not finish within its time limit of " + std::to_string(limit.count()) +
+         " ms (waited " + std::to_string(waited.count()) +
+         " ms); the NCCL communicator was aborted";
+}
+
+//! Owns an ncclComm_t from the moment NCCL hands one out: dropping it (by an exception in a
+//! constructor, say) aborts it, which frees it without waiting for the peers.
+class nccl_handle {
+public:
+  nccl_handle() = default;
+  nccl_handle(nccl_handle&& other) noexcept
+      : comm_(std::exchange(other.comm_, nullptr)) {}
+  nccl_handle& operator=(nccl_handle&& other) noexcept {
+    if (this != &other) {
+      abort();
+      comm_ = std::exchange(other.comm_, nullptr);
+    }
+    return *this;
+  }
+  nccl_handle(const nccl_handle&) = delete;
+  nccl_handle& operator=(const nccl_handle&) = delete;
+  ~nccl_handle() { abort(); }
+
+  //! Where NCCL writes the handle it creates (the handle owned so far is aborted first).
+  ncclComm_t* out() noexcept {
+    abort();
+    return &comm_;
+  }
+  ncclComm_t get() const noexcept { return comm_; }
+  //! Gives the handle up, for a call that frees it.
+  ncclComm_t release() noexcept { return std::exchange(comm_, nullptr); }
+  void abort() noexcept {
+    if (comm_ != nullptr) {
+      (void)ncclCommAbort(std::exchange(comm_, nullptr));
+    }
+  }
+
+private:
+  ncclComm_t comm_ = nullptr;
+};
+
+} // namespace detail
+
 //! An NCCL communicator over the ranks of an MPI communicator, on the device that is current when
 //! it is created (the caller picks it, e.g. with cuda::select_device(comm.intra_rank())).
-//! Destroyed in the right order: the work it issued is finished (or aborted) first.
+//!
+//! It is non-blocking (ncclConfig_t::blocking = 0), so that every NCCL call returns at once and is
+//! waited for here, within the time limit: a call that fails, or still runs at the limit, aborts
+//! the communicator (ncclCommAbort) before throwing, which ends this rank's part of the work its
+//! peers wait in. NCCL's fault-tolerance guide asks for exactly this: a communicator that may have
+//! to be aborted must be non-blocking, or a thread can stay stuck inside NCCL for ever.
 class communicator {
 public:
   communicator() = default;
 
-  //! Collective over `comm`: its rank 0 makes the unique id, Boost.MPI broadcasts it, and every
-  //! rank joins with its MPI rank on the current device. The communicator is non-blocking, so
-  //! that joining and every later call are waited for here with `limit` (0: no limit): a rank
-  //! that never joins is a `timeout_error` on the others (after aborting), not a hang.
+  //! Collective over `comm`: its rank 0 makes the unique id, MPI broadcasts it, and every rank
+  //! joins with its MPI rank on the current device. A rank without a current device is an
+  //! `invalid_argument` on every rank, naming it. Joining is waited for with `limit` (0: no
+  //! limit): a rank that never joins is a `timeout_error` on the others, after aborting, not a
+  //! hang. The same limit bounds every later wait. The MPI steps of the set-up (the unique id's
+  //! broadcast, the device check) are watched with `mpi_limit` (the communicator's host timeout,
+  //! see communicator_options::timeout): past it, the job ends naming them.
   explicit communicator(const boost::mpi::communicator& comm,
-                        std::chrono::milliseconds limit = std::chrono::milliseconds(0))
+                        std::chrono::milliseconds limit = std::chrono::milliseconds(0),
+                        std::chrono::milliseconds mpi_limit = std::chrono::milliseconds(0))
+      : communicator(shared_id(comm, mpi_limit), comm.size(), comm.rank(), limit) {}
+
+  //! Joins the communicator of `id` as rank `rank` of `size`, on the current device: for a
+  //! caller that hands out the id itself. Throws as above; whatever NCCL created is aborted if
+  //! joining fails.
+  communicator(const ncclUniqueId& id, int size, int rank,
+               std::chrono::milliseconds limit = std::chrono::milliseconds(0))
       : device_(cuda::current_device())
       , limit_(limit) {
     if (device_ < 0) {
-      throw invalid_argument("cohort: NCCL communicator on rank " + std::to_string(comm.rank()) +
+      throw invalid_argument("cohort: NCCL communicator on rank " + std::to_string(rank) +
                              ": no current CUDA device");
     }
-    // The root's id and whether it could make one travel together, so that a failure there is
-    // an error on every rank instead of ranks waiting for an id that never comes.
-    struct {
-      ncclResult_t made;
-      ncclUniqueId id;
-    } root{ncclSuccess, {}};
-    if (comm.rank() == 0) {
-      root.made = ncclGetUniqueId(&root.id);
-    }
-    mpi::check(MPI_Bcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm),
-               "MPI_Bcast (ncclUniqueId)", comm);
-    check(root.made, "ncclGetUniqueId (on rank 0)");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const ncclResult_t joined =
-        ncclCommInitRankConfig(&handle_, comm.size(), root.id, comm.rank(), &config);
-    if (joined != ncclSuccess && joined != ncclInProgress) {
-      abort();
-      check(joined, "ncclCommInitRankConfig");
-    }
-    complete(joined, "ncclCommInitRankConfig");
+    // From here the handle is a member: if joining throws, its destructor aborts it.
+    complete(ncclCommInitRankConfig(handle_.out(), size, id, rank, &config),
+             "ncclCommInitRankConfig");
   }
 
   communicator(communicator&& other) noexcept
-      : handle_(std::exchange(other.handle_, nullptr))
+      : handle_(std::move(other.handle_))
       , device_(other.device_)
       , limit_(other.limit_) {}
   communicator& operator=(communicator&& other) noexcept {
     if (this != &other) {
       destroy_quietly();
-      handle_ = std::exchange(other.handle_, nullptr);
+      handle_ = std::move(other.handle_);
       device_ = other.device_;
       limit_ = other.limit_;
     }
@@ -147,59 +249,49 @@ public:
 
   //! The handle, for NCCL calls; throws if the communicator was destroyed or aborted.
   ncclComm_t get() const {
-    if (handle_ == nullptr) {
+    if (handle_.get() == nullptr) {
       throw error("cohort: NCCL communicator used after it was destroyed or aborted (rank " +
                   std::to_string(mpi::world_rank()) + ")");
     }
-    return handle_;
+    return handle_.get();
   }
-  bool valid() const noexcept { return handle_ != nullptr; }
+  bool valid() const noexcept { return handle_.get() != nullptr; }
   int device() const noexcept { return device_; }
+  std::chrono::milliseconds limit() const noexcept { return limit_; }
 
   //! The end of every NCCL call on this (non-blocking) communicator: a call that returned
   //! `ncclInProgress` is polled until it has finished, within the time limit, before any other
-  //! NCCL call may be made; an error throws, naming `call`.
-  void complete(ncclResult_t result, std::string_view call) const {
-    if (result != ncclInProgress) {
-      check(result, call, handle_);
-      return;
-    }
+  //! NCCL call may be made. A fatal error, an asynchronous one or the time limit aborts the
+  //! communicator, then throws (`engine_error`, or `timeout_error`) naming `call`, the rank and
+  //! the time waited; `ncclInvalidArgument` throws and leaves the communicator usable.
+  void complete(ncclResult_t result, std::string_view call) {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      ncclResult_t state = ncclSuccess;
-      check(ncclCommGetAsyncError(get(), &state), "ncclCommGetAsyncError", handle_);
-      if (state == ncclSuccess) {
+      const auto waited = since(start);
+      switch (detail::next_after(result, past(waited, limit_))) {
+      case detail::nccl_next::proceed:
         return;
+      case detail::nccl_next::fail_intact:
+        check(result, call, handle_.get());
+        return;
+      case detail::nccl_next::abort:
+        fail(call, result, waited, limit_);
+      case detail::nccl_next::poll:
+        break;
       }
-      if (state != ncclInProgress) {
-        check(state, call, handle_);
-      }
-      if (limit_.count() > 0 && std::chrono::steady_clock::now() - start > limit_) {
-        throw timeout_error("cohort: " + std::string(call) + " on rank " +
-                            std::to_string(mpi::world_rank()) + " did not finish within " +
-                            std::to_string(limit_.count()) + " ms");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(poll_period);
+      result = async_state(call, start);
     }
   }
 
   //! Throws if NCCL has recorded an asynchronous error (a peer lost, say), after aborting.
-  void check_async() {
-    ncclResult_t state = ncclSuccess;
-    check(ncclCommGetAsyncError(get(), &state), "ncclCommGetAsyncError", handle_);
-    if (state != ncclSuccess && state != ncclInProgress) {
-      const std::string message =
-          std::string(ncclGetErrorString(state)) + "; " + ncclGetLastError(handle_);
-      abort();
-      throw engine_error("NCCL", "asynchronous error", mpi::world_rank(), static_cast<int>(state),
-                         message + " (communicator aborted)");
-    }
-  }
+  void check_async() { poll_async("ncclCommGetAsyncError", std::chrono::steady_clock::now()); }
 
   //! Waits until the work recorded by `done` has finished, checking for asynchronous errors. Past
   //! `limit` (if positive) this rank's communicator is aborted, which ends its part of the
-  //! collective, and `timeout_error` names the operation. Each peer is released by its own
-  //! deadline in the same way (an abort here does not reach into the other processes).
+  //! collective, and `timeout_error` names the operation and the time waited. Each peer is
+  //! released by its own deadline in the same way, or by NCCL's error for the lost peer (an abort
+  //! here does not reach into the other processes).
   void wait(const cuda::event& done, std::chrono::milliseconds limit, std::string_view operation) {
     wait_from(std::chrono::steady_clock::now(), done, limit, operation);
   }
@@ -208,76 +300,173 @@ public:
   //! before cohort's, which is not cohort's to time: a long backward pass must not count).
   void wait(const cuda::event& started, const cuda::event& done, std::chrono::milliseconds limit,
             std::string_view operation) {
-    while (!started.done()) {
-      check_async();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    const auto queued = std::chrono::steady_clock::now();
+    while (!finished(started, operation)) {
+      poll_async(operation, queued);
+      std::this_thread::sleep_for(poll_period);
     }
     wait_from(std::chrono::steady_clock::now(), done, limit, operation);
   }
 
-private:
-  void wait_from(std::chrono::steady_clock::time_point start, const cuda::event& done,
-                 std::chrono::milliseconds limit, std::string_view operation) {
-    while (!done.done()) {
-      check_async();
-      if (limit.count() > 0 && std::chrono::steady_clock::now() - start > limit) {
-        abort();
-        throw timeout_error("cohort: " + std::string(operation) + " on rank " +
-                            std::to_string(mpi::world_rank()) + " did not finish within " +
-                            std::to_string(limit.count()) +
-                            " ms; the NCCL communicator was aborted");
-      }
-      // A step's wait covers the backward pass queued before it: poll gently, not a core's worth.
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
-public:
   //! Ends the communicator at once, abandoning its pending work (ncclCommAbort). Idempotent.
-  void abort() noexcept {
-    if (handle_ != nullptr) {
-      (void)ncclCommAbort(std::exchange(handle_, nullptr));
-    }
-  }
+  void abort() noexcept { handle_.abort(); }
 
-  //! Finishes the pending work and frees the communicator. Idempotent: a second call (a "double
-  //! free") does nothing.
+  //! Finishes the pending work and frees the communicator: once the work queued so far has been
+  //! handed to the device (state ncclSuccess), ncclCommFinalize, polled within the time limit, then
+  //! ncclCommDestroy, which is local and does not block once finalizing has succeeded ("Destroying
+  //! a communicator", usage/communicators.html). An error, or the time limit, aborts it instead
+  //! and throws. Idempotent: a second call (a "double free") does nothing.
   void destroy() {
-    if (handle_ == nullptr) {
+    if (!valid()) {
       return;
     }
-    const cuda::device_guard on(device_);
-    ncclResult_t finalized = ncclCommFinalize(handle_);
-    if (finalized == ncclInProgress) {
-      try {
-        complete(finalized, "ncclCommFinalize");
-        finalized = ncclSuccess;
-      } catch (const timeout_error&) {
-        finalized = ncclInProgress;
-      } catch (const engine_error& e) {
-        finalized = static_cast<ncclResult_t>(e.code());
-      }
-    }
-    if (finalized != ncclSuccess) {
-      const std::string message = ncclGetLastError(handle_);
+    try {
+      const cuda::device_guard on(device_);
+      wait_until_finalizable();
+      complete(ncclCommFinalize(get()), "ncclCommFinalize");
+      check(ncclCommDestroy(handle_.release()), "ncclCommDestroy");
+    } catch (...) {
       abort(); // a communicator that cannot be finalized is still freed
-      throw engine_error("NCCL", "ncclCommFinalize", mpi::world_rank(), static_cast<int>(finalized),
-                         std::string(ncclGetErrorString(finalized)) + "; " + message +
-                             " (communicator aborted)");
+      throw;
     }
-    check(ncclCommDestroy(std::exchange(handle_, nullptr)), "ncclCommDestroy");
   }
 
 private:
+  static constexpr std::chrono::microseconds poll_period{50};
+
+  // Rank 0's unique id on every rank of `comm`, and every rank's word that it can join: a rank
+  // without a device (or a rank 0 that could not make the id) fails every rank alike, naming it,
+  // instead of leaving the others waiting for it in NCCL's initialisation.
+  static ncclUniqueId shared_id(const boost::mpi::communicator& comm,
+                                std::chrono::milliseconds mpi_limit) {
+    struct {
+      ncclResult_t made;
+      ncclUniqueId id;
+    } root{ncclSuccess, {}};
+    if (comm.rank() == 0) {
+      root.made = ncclGetUniqueId(&root.id);
+    }
+    // Blocking MPI calls that a rank which never comes would hang: the watchdog ends the job.
+    cohort::detail::registered_slot slot(mpi_limit, cohort::mpi::world_rank());
+    const cohort::detail::watch_scope watch(slot.get(), "NCCL set-up (unique id and devices)", 0,
+                                            sizeof root, false);
+    mpi::check(MPI_Bcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm),
+               "MPI_Bcast (ncclUniqueId)", comm);
+    check(root.made, "ncclGetUniqueId (on rank 0)");
+    int ready[2] = {cuda::current_device() >= 0 ? 1 : 0, comm.rank()};
+    mpi::check(MPI_Allreduce(MPI_IN_PLACE, ready, 1, MPI_2INT, MPI_MINLOC, comm),
+               "MPI_Allreduce (NCCL devices)", comm);
+    if (ready[0] == 0) {
+      throw invalid_argument("cohort: NCCL communicator: rank " + std::to_string(ready[1]) +
+                             " of " + std::to_string(comm.size()) +
+                             " has no current CUDA device (pick one with cuda::select_device "
+                             "before the first device collective)");
+    }
+    return root.id;
+  }
+
+  static std::chrono::milliseconds since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start);
+  }
+  static bool past(std::chrono::milliseconds waited, std::chrono::milliseconds limit) noexcept {
+    return limit.count() > 0 && waited > limit;
+  }
+
+  // Aborts, then throws for `state`: a timeout_error for work still in progress, an engine_error
+  // with NCCL's own words otherwise.
+  [[noreturn]] void fail(std::string_view operation, ncclResult_t state,
+                         std::chrono::milliseconds waited, std::chrono::milliseconds limit) {
+    const int rank = mpi::world_rank();
+    if (state == ncclInProgress) {
+      abort();
+      throw timeout_error(detail::timeout_message(operation, rank, limit, waited));
+    }
+    std::string message = ncclGetErrorString(state);
+    if (const char* last = ncclGetLastError(handle_.get()); last != nullptr && *last != '\0') {
+      message += std::string("; ") + last;
+    }
+    abort();
+    throw engine_error("NCCL", std::string(operation), rank, static_cast<int>(state),
+                       message + " (after " + std::to_string(waited.count()) +
+                           " ms; the communicator was aborted) (device " + std::to_string(device_) +
+                           ")");
+  }
+
+  // The communicator's asynchronous state; a failure to ask aborts and throws.
+  ncclResult_t async_state(std::string_view operation,
+                           std::chrono::steady_clock::time_point start) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t asked = ncclCommGetAsyncError(get(), &state);
+    if (asked != ncclSuccess) {
+      fail("ncclCommGetAsyncError during " + std::string(operation), asked, since(start), limit_);
+    }
+    return state;
+  }
+
+  // One look at the asynchronous state while waiting for `operation`: an error aborts and throws.
+  void poll_async(std::string_view operation, std::chrono::steady_clock::time_point start) {
+    const ncclResult_t state = async_state(operation, start);
+    const auto next = detail::next_after(state, false);
+    if (next == detail::nccl_next::abort || next == detail::nccl_next::fail_intact) {
+      fail(operation, state, since(start), limit_);
+    }
+  }
+
+  // Whether `e` has completed; a CUDA error there (the device failed under NCCL's kernels) aborts
+  // the communicator too.
+  bool finished(const cuda::event& e, std::string_view operation) {
+    try {
+      return e.done();
+    } catch (const engine_error&) {
+      abort();
+      throw;
+    } catch (...) {
+      abort();
+      throw error("cohort: " + std::string(operation) + ": waiting for the device failed");
+    }
+  }
+
+  void wait_from(std::chrono::steady_clock::time_point start, const cuda::event& done,
+                 std::chrono::milliseconds limit, std::string_view operation) {
+    while (!finished(done, operation)) {
+      poll_async(operation, start);
+      const auto waited = since(start);
+      if (past(waited, limit)) {
+        fail(operation, ncclInProgress, waited, limit);
+      }
+      std::this_thread::sleep_for(poll_period);
+    }
+  }
+
+  // Polls until the communicator may be finalized (see detail::before_finalize); aborts and throws
+  // if it may not.
+  void wait_until_finalizable() {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const ncclResult_t state = async_state("ncclCommFinalize", start);
+      const auto waited = since(start);
+      switch (detail::before_finalize(state, past(waited, limit_))) {
+      case detail::teardown::finalize:
+        return;
+      case detail::teardown::abort:
+        fail("ncclCommFinalize (the work queued before it)", state, waited, limit_);
+      case detail::teardown::poll:
+        break;
+      }
+      std::this_thread::sleep_for(poll_period);
+    }
+  }
+
   void destroy_quietly() noexcept {
     try {
       destroy();
     } catch (...) {
-      abort();
+      abort(); // destroy() aborts on failure already; a destructor may not throw
     }
   }
 
-  ncclComm_t handle_ = nullptr;
+  detail::nccl_handle handle_;
   int device_ = -1;
   std::chrono::milliseconds limit_{0};
 };
@@ -294,8 +483,10 @@ public:
       (void)ncclGroupEnd();
     }
   }
-  //! Ends the group, whose calls were all on `comm` (non-blocking: waited for there).
-  void end(const communicator& comm) {
+  //! Ends the group, whose calls were all on `comm`. On a non-blocking communicator ncclGroupEnd
+  //! may return ncclInProgress while the kernels are still being handed to the streams ("Group
+  //! Calls", usage/groups.html): waited for there, like any call.
+  void end(communicator& comm) {
     open_ = false;
     comm.complete(ncclGroupEnd(), "ncclGroupEnd");
   }
@@ -305,49 +496,48 @@ private:
 };
 
 //! `recv = op over ranks of send` (in place when the pointers are equal), enqueued on `stream`.
-inline void allreduce(const communicator& comm, const void* send, void* recv, std::size_t count,
+inline void allreduce(communicator& comm, const void* send, void* recv, std::size_t count,
                       dtype type, reduce_op operation, cudaStream_t stream) {
   comm.complete(ncclAllReduce(send, recv, count, datatype(type), op(operation), comm.get(), stream),
                 "ncclAllReduce");
 }
 
 //! `data` from `root` to every rank, enqueued on `stream`.
-inline void broadcast(const communicator& comm, void* data, std::size_t count, dtype type, int root,
+inline void broadcast(communicator& comm, void* data, std::size_t count, dtype type, int root,
                       cudaStream_t stream) {
   comm.complete(ncclBroadcast(data, data, count, datatype(type), root, comm.get(), stream),
                 "ncclBroadcast");
 }
 
 //! Every rank's `count` elements into `recv` (size * count), enqueued on `stream`.
-inline void allgather(const communicator& comm, const void* send, void* recv, std::size_t count,
+inline void allgather(communicator& comm, const void* send, void* recv, std::size_t count,
                       dtype type, cudaStream_t stream) {
   comm.complete(ncclAllGather(send, recv, count, datatype(type), comm.get(), stream),
                 "ncclAllGather");
 }
 
 //! Block r of the reduction of every rank's `send` (size * count) into rank r's `recv` (count).
-inline void reduce_scatter(const communicator& comm, const void* send, void* recv,
-                           std::size_t count, dtype type, reduce_op operation,
-                           cudaStream_t stream) {
+inline void reduce_scatter(communicator& comm, const void* send, void* recv, std::size_t count,
+                           dtype type, reduce_op operation, cudaStream_t stream) {
   comm.complete(
       ncclReduceScatter(send, recv, count, datatype(type), op(operation), comm.get(), stream),
       "ncclReduceScatter");
 }
 
 //! The reduction of every rank's `send` into `root`'s `recv`.
-inline void reduce(const communicator& comm, const void* send, void* recv, std::size_t count,
-                   dtype type, reduce_op operation, int root, cudaStream_t stream) {
+inline void reduce(communicator& comm, const void* send, void* recv, std::size_t count, dtype type,
+                   reduce_op operation, int root, cudaStream_t stream) {
   comm.complete(
       ncclReduce(send, recv, count, datatype(type), op(operation), root, comm.get(), stream),
       "ncclReduce");
 }
 
 //! Point to point, enqueued on `stream` (pair them in a group_guard to exchange both ways).
-inline void send(const communicator& comm, const void* data, std::size_t count, dtype type,
-                 int peer, cudaStream_t stream) {
+inline void send(communicator& comm, const void* data, std::size_t count, dtype type, int peer,
+                 cudaStream_t stream) {
   comm.complete(ncclSend(data, count, datatype(type), peer, comm.get(), stream), "ncclSend");
 }
-inline void recv(const communicator& comm, void* data, std::size_t count, dtype type, int peer,
+inline void recv(communicator& comm, void* data, std::size_t count, dtype type, int peer,
                  cudaStream_t stream) {
   comm.complete(ncclRecv(data, count, datatype(type), peer, comm.get(), stream), "ncclRecv");
 }
