@@ -249,6 +249,8 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
               "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks) on it\n");
   std::printf("# agreement check: on for naive and flat%s\n",
               s.unchecked_rows ? "; off for naive/nocheck and flat/nocheck" : "");
+  std::printf("# timeout: 10 min (the default: watched by the watchdog) everywhere but "
+              "flat/notimeout (0: nothing watched)\n");
   std::printf("%s\n", gpu_line.c_str());
   std::printf("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (0 at one rank), as in "
               "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time (gpu rows: / gpu raw nccl)\n");
@@ -295,6 +297,10 @@ int run(int argc, char** argv) {
   }
   cohort::naive naive_unchecked(world, unchecked);
   cohort::flat flat_unchecked(world, unchecked);
+  // The price of the timeout (docs/failure.md): the same as flat with nothing watched.
+  cohort::communicator_options untimed = checked;
+  untimed.timeout = std::chrono::milliseconds(0);
+  cohort::flat flat_untimed(world, untimed);
   // The raw calls go to a communicator of the same kind as cohort's (a duplicate of world), so
   // that MPI picks its algorithm under the same conditions; the bookkeeping stays on world.
   const MPI_Comm raw_comm = naive.mpi_comm();
@@ -365,6 +371,9 @@ int run(int argc, char** argv) {
                          [&] { flat_unchecked.allreduce_grad(grads.params, cohort::sum{}); },
                          fill_grads, check_grads});
     }
+    methods.push_back({"flat/notimeout",
+                       [&] { flat_untimed.allreduce_grad(grads.params, cohort::sum{}); },
+                       fill_grads, check_grads});
     methods.push_back({"hierarchical",
                        [&] { hierarchical.allreduce_grad(grads.params, cohort::sum{}); },
                        fill_grads, check_grads});

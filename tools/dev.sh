@@ -4,7 +4,11 @@
 # what is missing (apt packages), then configures and builds in ./build.
 #
 #   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
-#   tools/dev.sh test      build and run the whole test suite (what CI runs)
+#   tools/dev.sh test      build and run the whole test suite (what CI runs first)
+#   tools/dev.sh sanitize [thread|address]...
+#                          build the multi-rank suites with ThreadSanitizer, then with
+#                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
+#                          mpirun (what CI runs next); suppressions for Open MPI in test/sanitizers
 #   tools/dev.sh bench [allreduce|grad_sync|overlap] [options]
 #                          build and run a benchmark (default allreduce) on 2 ranks
 #   tools/dev.sh deps      only install the packages
@@ -62,6 +66,44 @@ case "${1:-}" in
     cd "$build"
     ctest --output-on-failure -j 2 --timeout 900
     ;;
+  sanitize)
+    shift
+    deps
+    mpi_environment
+    kinds=("$@")
+    [ ${#kinds[@]} -eq 0 ] && kinds=(thread address)
+    # The multi-rank suites (and the one unit test ctest's pattern below takes with them).
+    targets=(test_transport_mpi test_algorithm_ring test_communicator_collectives
+             test_communicator_bucket_plan test_communicator_allreduce_grad
+             test_communicator_overlap test_communicator_any_communicator
+             test_communicator_topology test_communicator_failure
+             test_training_distributed_optimizer test_training_scatter_dataset
+             test_training_evaluator)
+    supp="$root/test/sanitizers"
+    export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 exitcode=66 second_deadlock_stack=1"
+    # Full stacks for the leak check, so that Open MPI's allocations are told apart by library
+    # (the fast unwinder stops in code built without frame pointers), and Open MPI's plugins kept
+    # loaded so that their frames have names.
+    export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:exitcode=66:fast_unwind_on_malloc=0"
+    export LSAN_OPTIONS="suppressions=$supp/lsan.supp:fast_unwind_on_malloc=0"
+    export OMPI_MCA_mca_base_component_disable_dlclose=1
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=66"
+    for kind in "${kinds[@]}"; do
+      case "$kind" in
+        thread) flags="-fsanitize=thread" ;;
+        address) flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined" ;;
+        *) echo "unknown sanitizer '$kind' (thread or address)"; exit 2 ;;
+      esac
+      dir="$root/build-$kind"
+      cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCOHORT_BUILD_TESTS=ON \
+        -DCOHORT_BUILD_EXAMPLES=OFF -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=OFF \
+        "-DCMAKE_CXX_FLAGS=-O1 -g1 -fno-omit-frame-pointer $flags" \
+        "-DCMAKE_EXE_LINKER_FLAGS=$flags"
+      cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+      (cd "$dir" && ctest --output-on-failure -j 2 --timeout 600 \
+        -R '^(transport|algorithm|communicator|training)\.')
+    done
+    ;;
   bench)
     shift
     benchmark=allreduce
@@ -77,7 +119,7 @@ case "${1:-}" in
     mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"
     ;;
   *)
-    sed -n '3,10p' "${BASH_SOURCE[0]}"
+    sed -n '3,14p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
 esac

@@ -286,3 +286,25 @@ BOOST_AUTO_TEST_CASE(communicator_concept_and_mpi_requirement) {
   auto comm = cohort::make_communicator<cohort::flat>(boost::mpi::communicator());
   BOOST_TEST(comm.size() == boost::mpi::communicator().size());
 }
+
+// Issue 10: ranks at different collectives at the same point (a barrier on one, an all-reduce on
+// the others) all throw, instead of misreading each other's messages and waiting.
+BOOST_AUTO_TEST_CASE(ranks_in_different_operations_throw_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() < 2) {
+    return;
+  }
+  std::vector<float> x(3, 1.0f);
+  const auto different = [&] {
+    if (comm.rank() == comm.size() - 1) {
+      comm.barrier();
+    } else {
+      comm.allreduce(x);
+    }
+  };
+  BOOST_CHECK_EXCEPTION(different(), cohort::mismatch_error,
+                        cohort::test::message_has({"not all in the same operation"}));
+  comm.barrier(); // in step again
+  comm.allreduce(x);
+  BOOST_TEST(x[0] == static_cast<float>(comm.size()));
+}

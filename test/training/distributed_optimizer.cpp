@@ -342,6 +342,13 @@ BOOST_AUTO_TEST_CASE(synchronize_then_step_reduces_exactly_once) {
                            std::vector<float>(3, std::min(static_cast<float>(n), 1.5f)),
                        boost::test_tools::per_element());
   }
+  // A step skipped after synchronize() (a loss scaler found inf): the next one starts afresh.
+  model.g1.assign(5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  opt.synchronize();
+  const auto steps_before = opt.inner().seen.size();
+  opt.skip_step();
+  BOOST_TEST(opt.inner().seen.size() == steps_before);
   // And the next step reduces again.
   model.g1.assign(5, 1.0f);
   model.g2.assign(3, 1.0f);

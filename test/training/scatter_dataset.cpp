@@ -3,7 +3,9 @@
 #include <cohort/cohort.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,7 @@ std::vector<std::size_t> all_indices(cohort::flat& comm, const cohort::index_sha
   return all;
 }
 
-const std::size_t totals[] = {0, 1, 2, 3, 5, 10, 97};
+const std::size_t totals[] = {1, 2, 3, 5, 10, 97};
 } // namespace
 
 BOOST_AUTO_TEST_CASE(shard_ranges_follow_chainermn) {
@@ -155,4 +157,41 @@ BOOST_AUTO_TEST_CASE(scattered_examples_reshuffle_locally) {
   std::sort(epoch0.begin(), epoch0.end());
   std::sort(epoch1.begin(), epoch1.end());
   BOOST_TEST(epoch0 == epoch1);
+}
+
+// Issue 10, point 13: an empty dataset is an error on every rank, not 0 examples each.
+BOOST_AUTO_TEST_CASE(an_empty_dataset_is_an_error_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const auto says_empty = message_has({"the dataset on rank 0 (the root) is empty"});
+  BOOST_CHECK_EXCEPTION(cohort::scatter_index(0, comm), cohort::invalid_argument, says_empty);
+  const std::vector<int> nothing;
+  BOOST_CHECK_EXCEPTION(cohort::scatter_dataset(nothing, comm), cohort::invalid_argument,
+                        says_empty);
+  // Still in step afterwards.
+  BOOST_TEST(cohort::scatter_index(4, comm).total() == 4u);
+}
+
+// Every epoch a new permutation of the whole dataset, split again: the same on every rank, an
+// exact cover each epoch, and a rank's subset changes (DistributedSampler's behaviour).
+BOOST_AUTO_TEST_CASE(each_epoch_splits_a_new_global_permutation) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const std::size_t n = 101;
+  auto shard =
+      cohort::scatter_index(n, comm, {.shuffle = true, .seed = 9, .force_equal_length = false});
+  std::vector<std::size_t> first;
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+    shard.set_epoch(epoch);
+    auto all = all_indices(comm, shard);
+    std::sort(all.begin(), all.end());
+    std::vector<std::size_t> expected(n);
+    std::iota(expected.begin(), expected.end(), std::size_t{0});
+    BOOST_TEST_REQUIRE(all == expected, "epoch " << epoch << " is not an exact cover");
+    std::vector<std::size_t> mine = shard.indices();
+    std::sort(mine.begin(), mine.end());
+    if (epoch == 0) {
+      first = mine;
+    } else if (comm.size() > 1) {
+      BOOST_TEST(mine != first, "rank " << comm.rank() << " kept its subset at epoch " << epoch);
+    }
+  }
 }

@@ -246,6 +246,9 @@ public:
                                                const Reducer& reducer, missing_grad missing) {
     call([&](auto& c) { c.validate_grad_sync(slots, reducer, missing); });
   }
+  bool grad_sync_complete() const requires overlapping {
+    return read([](const auto& c) { return c.grad_sync_complete(); });
+  }
   bool grad_sync_pending_for(const void* owner) const noexcept {
     return read([&](const auto& c) { return c.grad_sync_pending_for(owner); });
   }

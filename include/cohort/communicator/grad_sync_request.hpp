@@ -60,6 +60,10 @@ public:
     comm.wait_grad_sync();
   }
 
+  //! Whether every gradient of this request's reduction is reduced (so that `wait()` would not
+  //! wait for the transfers, only agree on the end of the step); never blocks. True once waited.
+  bool test() const { return !pending() || comm_->grad_sync_complete(); }
+
   //! Whether this request's reduction is still in flight.
   bool pending() const noexcept {
     return comm_ != nullptr && comm_->grad_sync_pending() &&

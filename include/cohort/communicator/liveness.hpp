@@ -74,6 +74,7 @@ public:
     }
     mpi::check(MPI_Bcast(&incarnation_, 1, MPI_UINT64_T, 0, control_), "MPI_Bcast (incarnation)",
                control_);
+    question_ = encode("where are you?");
   }
 
   //! Tells every peer that this rank leaves, and why (read by a peer only if it is still waiting
@@ -113,10 +114,14 @@ public:
   watch_slot& slot(waiter who) noexcept {
     return who == waiter::caller ? caller_slot_.get() : reducer_slot_.get();
   }
-  //! Numbers the rendezvous of one thread (its n-th one), for messages.
-  std::uint64_t next_sequence(waiter who) noexcept {
+  //! Numbers the rendezvous of one thread (its n-th one), and notes the bytes of the operation
+  //! it opens, for messages.
+  std::uint64_t next_sequence(waiter who, std::size_t bytes = 0) noexcept {
+    bytes_[who == waiter::caller ? 0 : 1] = bytes;
     return ++sequence_[who == waiter::caller ? 0 : 1];
   }
+  //! The bytes of the operation that thread's latest rendezvous opened.
+  std::size_t bytes(waiter who) const noexcept { return bytes_[who == waiter::caller ? 0 : 1]; }
   //! The number of that thread's latest rendezvous.
   std::uint64_t sequence(waiter who) const noexcept {
     return sequence_[who == waiter::caller ? 0 : 1];
@@ -129,29 +134,41 @@ public:
 
   //! The rendezvous: every rank's `values` combined with max, by recursive doubling over
   //! point-to-point messages that this thread polls (so that a peer gone or stuck is noticed).
+  //! Every message has one size, and carries the operation's name (as a fingerprint pair): ranks
+  //! at different rendezvous (a barrier on one, an allreduce on another) all throw
+  //! `mismatch_error` instead of misreading each other's messages.
   template <std::size_t N>
   void allreduce_max(waiter who, std::array<std::uint64_t, N>& values, const char* operation,
                      std::uint64_t sequence) {
+    static_assert(N + 2 <= message_words, "cohort: a rendezvous carries at most 6 words");
     if (size_ == 1) {
       return;
     }
     const MPI_Comm comm = channel(who);
-    std::array<std::uint64_t, N> incoming{};
+    std::uint64_t name = 0xcbf29ce484222325ull; // FNV-1a of the operation's name
+    for (const char* c = operation; *c != '\0'; ++c) {
+      name = (name ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+    }
+    std::array<std::uint64_t, message_words> mine{};
+    mine[0] = name;
+    mine[1] = ~name;
+    std::copy(values.begin(), values.end(), mine.begin() + 2);
+    std::array<std::uint64_t, message_words> incoming{};
     const auto combine = [&] {
-      for (std::size_t i = 0; i < N; ++i) {
-        values[i] = std::max(values[i], incoming[i]);
+      for (std::size_t i = 0; i < message_words; ++i) {
+        mine[i] = std::max(mine[i], incoming[i]);
       }
     };
     const auto exchange = [&](int peer, bool send, bool receive) {
       MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
       if (receive) {
-        mpi::check(MPI_Irecv(incoming.data(), static_cast<int>(N), MPI_UINT64_T, peer,
+        mpi::check(MPI_Irecv(incoming.data(), static_cast<int>(message_words), MPI_UINT64_T, peer,
                              rendezvous_tag, comm, &requests[0]),
                    "MPI_Irecv (agreement check)", comm);
       }
       if (send) {
-        mpi::check(MPI_Isend(values.data(), static_cast<int>(N), MPI_UINT64_T, peer, rendezvous_tag,
-                             comm, &requests[1]),
+        mpi::check(MPI_Isend(mine.data(), static_cast<int>(message_words), MPI_UINT64_T, peer,
+                             rendezvous_tag, comm, &requests[1]),
                    "MPI_Isend (agreement check)", comm);
       }
       wait(who, requests, operation, sequence);
@@ -187,11 +204,19 @@ public:
     if (rank_ < 2 * rest) {
       if (rank_ % 2 == 0) {
         exchange(rank_ + 1, false, true);
-        values = incoming;
+        mine = incoming;
       } else {
         exchange(rank_ - 1, true, false);
       }
     }
+    if (mine[0] != ~mine[1]) {
+      throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
+                           std::to_string(rank_) +
+                           ": the ranks are not all in the same operation: some called another "
+                           "cohort collective on this communicator at this point (every rank "
+                           "must call the same collectives in the same order)");
+    }
+    std::copy(mine.begin() + 2, mine.begin() + 2 + N, values.begin());
   }
 
   //! Waits for `requests` (of a rendezvous), reading the control channel meanwhile: ends the job
@@ -219,11 +244,12 @@ public:
           time_out(who, requests, now - start, operation, sequence);
         }
       }
-      // Gentle on a machine with fewer cores than ranks, once the wait is not short.
-      if (spins < 4096) {
+      // Gentle on a machine with fewer cores than ranks; sleeping only once the wait is long
+      // (a rank still computing), so that a short wait costs no sleep's latency.
+      if (spins < 4096 || watch_clock::now() - start < std::chrono::milliseconds(5)) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
   }
@@ -234,6 +260,7 @@ private:
   static constexpr int query_tag = 2;
   static constexpr int answer_tag = 3;
   static constexpr std::size_t max_notice = 512;
+  static constexpr std::size_t message_words = 8;
 
   static bool mpi_running() noexcept {
     int initialized = 0;
@@ -343,7 +370,8 @@ private:
   template <std::size_t N>
   void time_out(waiter who, MPI_Request (&requests)[N], watch_clock::duration waited,
                 const char* operation, std::uint64_t sequence) {
-    const std::string question = encode("where are you?");
+    // The question is a member, made once: a send may still be pending when this returns (to a
+    // rank that never reads it), and MPI reads its buffer until then.
     std::vector<MPI_Request> asked;
     {
       const std::lock_guard state(state_mutex_);
@@ -352,7 +380,7 @@ private:
     for (int peer = 0; peer < size_; ++peer) {
       if (peer != rank_) {
         MPI_Request& r = asked.emplace_back(MPI_REQUEST_NULL);
-        MPI_Isend(question.data(), static_cast<int>(question.size()), MPI_CHAR, peer, query_tag,
+        MPI_Isend(question_.data(), static_cast<int>(question_.size()), MPI_CHAR, peer, query_tag,
                   control_, &r);
       }
     }
@@ -389,7 +417,9 @@ private:
       }
     }
     end_job("cohort: timeout on rank " + std::to_string(rank_) + ": " + operation + " (#" +
-            std::to_string(sequence) + ", the agreement check of the " +
+            std::to_string(sequence) + ", " +
+            std::to_string(bytes_[who == waiter::caller ? 0 : 1]) +
+            " bytes; waiting at the agreement check of the " +
             (who == waiter::caller ? "caller's" : "reduction thread's") + " call) has waited " +
             describe_seconds(waited) + " (timeout " + describe_seconds(timeout_) +
             ") for the other ranks; " +
@@ -408,6 +438,7 @@ private:
   boost::mpi::communicator reducer_;
   std::uint64_t incarnation_ = 0;
   std::array<std::uint64_t, 2> sequence_{};
+  std::array<std::size_t, 2> bytes_{};
   std::mutex control_mutex_;
   std::mutex state_mutex_;
   int departures_ = 0;
@@ -416,6 +447,7 @@ private:
   watch_clock::time_point first_departure_{};
   std::vector<std::string> answers_;
   std::array<char, max_notice> inbox_{};
+  std::string question_;
 };
 
 } // namespace detail

@@ -50,6 +50,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -338,7 +339,10 @@ public:
     agree_root("bcast_obj", root);
     T value = rank() == root ? obj : T{};
     const auto watch = watch_transfer("bcast_obj", 0);
-    mpi::translate("bcast_obj", comm_, [&] { boost::mpi::broadcast(comm_, value, root); });
+    // A serialization that fails on one rank would leave the others in the collective.
+    fatal_on_failure("bcast_obj", [&] {
+      mpi::translate("bcast_obj", comm_, [&] { boost::mpi::broadcast(comm_, value, root); });
+    });
     return value;
   }
 
@@ -349,7 +353,10 @@ public:
     agree_root("gather_obj", root);
     std::vector<T> all;
     const auto watch = watch_transfer("gather_obj", 0);
-    mpi::translate("gather_obj", comm_, [&] { boost::mpi::gather(comm_, obj, all, root); });
+    // A serialization that fails on one rank would leave the others in the collective.
+    fatal_on_failure("gather_obj", [&] {
+      mpi::translate("gather_obj", comm_, [&] { boost::mpi::gather(comm_, obj, all, root); });
+    });
     return all;
   }
 
@@ -360,7 +367,10 @@ public:
     settle("allgather_obj", detail::fingerprint{}.add("allgather_obj").value(), nullptr, {});
     const auto watch = watch_transfer("allgather_obj", 0);
     std::vector<T> all;
-    mpi::translate("allgather_obj", comm_, [&] { boost::mpi::all_gather(comm_, obj, all); });
+    // A serialization that fails on one rank would leave the others in the collective.
+    fatal_on_failure("allgather_obj", [&] {
+      mpi::translate("allgather_obj", comm_, [&] { boost::mpi::all_gather(comm_, obj, all); });
+    });
     return all;
   }
 
@@ -371,7 +381,11 @@ public:
     settle("allreduce_obj", detail::fingerprint{}.add("allreduce_obj").value(), nullptr, {});
     const auto watch = watch_transfer("allreduce_obj", 0);
     T result{};
-    mpi::translate("allreduce_obj", comm_, [&] { boost::mpi::all_reduce(comm_, obj, result, op); });
+    // A serialization that fails on one rank would leave the others in the collective.
+    fatal_on_failure("allreduce_obj", [&] {
+      mpi::translate("allreduce_obj", comm_,
+                     [&] { boost::mpi::all_reduce(comm_, obj, result, op); });
+    });
     return result;
   }
 
@@ -453,18 +467,21 @@ public:
       pending.clear();
       filled = 0;
     };
-    for (const tensor_view& v : values) {
-      if (v.size_bytes() >= threshold) {
-        mpi::broadcast(comm_, v, root);
-        continue;
+    // After the ranks agreed: a failure here (a buffer that cannot grow) ends the job.
+    fatal_on_failure("broadcast_parameters", [&] {
+      for (const tensor_view& v : values) {
+        if (v.size_bytes() >= threshold) {
+          mpi::broadcast(comm_, v, root);
+          continue;
+        }
+        if (filled + v.size_bytes() > capacity) {
+          flush();
+        }
+        pending.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
+        filled += v.size_bytes();
       }
-      if (filled + v.size_bytes() > capacity) {
-        flush();
-      }
-      pending.push_back({v.data, v.size_bytes(), dtype::uint8, v.location});
-      filled += v.size_bytes();
-    }
-    flush();
+      flush();
+    });
   }
 
   //! Reduces every parameter's gradient over all ranks as `reducer` says (for `mean`: the
@@ -480,7 +497,7 @@ public:
     detail::collect_gradients(params, options.missing, slots_, names_);
     if constexpr (!device_strategy()) {
       validate_slots(options.missing, "blocking", reducer);
-      const auto watch = watch_transfer("allreduce_grad", 0);
+      const auto watch = watch_transfer("allreduce_grad", live_->bytes(detail::waiter::caller));
       fatal_on_failure("allreduce_grad", [&] {
         const std::size_t buckets = reduction_.plan().buckets().size();
         for (std::size_t b = 0; b < buckets; ++b) {
@@ -489,7 +506,10 @@ public:
       });
     } else {
       validate_slots(options.missing, "blocking", reducer);
-      self().reduce_gradients(std::span<const detail::grad_slot>(slots_), reducer);
+      const auto watch = watch_transfer("allreduce_grad", live_->bytes(detail::waiter::caller));
+      fatal_on_failure("allreduce_grad", [&] {
+        self().reduce_gradients(std::span<const detail::grad_slot>(slots_), reducer);
+      });
     }
   }
 
@@ -566,11 +586,12 @@ public:
     if (!o.pending) {
       start_locked(o, params, reducer, options, owner);
     } else if (o.owner != owner) {
-      throw invalid_argument("cohort: grad_ready on rank " + std::to_string(rank()) +
-                             ": another optimizer's overlapped reduction is pending on this "
-                             "communicator (it marked gradients ready and has not stepped); step "
-                             "it before the next backward, or give each optimizer a "
-                             "communicator of its own");
+      throw invalid_argument(
+          "cohort: grad_ready(" + std::to_string(index) + ") on rank " + std::to_string(rank()) +
+          ": another optimizer's overlapped reduction is pending on this communicator (its hooks "
+          "marked gradients ready and it has not stepped): step it before this backward, keep "
+          "its hooks quiet during this backward with its no_sync() (a GAN's discriminator during "
+          "the generator's backward), or give each optimizer a communicator of its own");
     }
     reread_and_mark(o, params, index);
   }
@@ -621,7 +642,7 @@ public:
         if (!o.pending) {
           return;
         }
-        o.abandoned_from = o.launched;
+        o.abandoned_from.store(o.launched);
         report(o, "cohort: rank " + std::to_string(rank()) +
                       " abandoned its overlapped gradient reduction (" + std::string(why) +
                       "): the gradients it had not marked ready were never sent");
@@ -648,6 +669,17 @@ public:
 
   //! Whether an overlapped reduction has begun and not been waited on.
   bool grad_sync_pending() const noexcept { return overlap_ != nullptr && overlap_->pending; }
+
+  //! Whether every bucket of the pending overlapped reduction is reduced (or none is pending):
+  //! `wait_grad_sync` would then only agree on the end of the step. Never blocks.
+  bool grad_sync_complete() const {
+    if (!grad_sync_pending()) {
+      return true;
+    }
+    overlap_state& o = *overlap_;
+    const std::lock_guard lock(o.mutex);
+    return o.launched == o.remaining.size() && o.worker->idle();
+  }
 
   //! Whether the pending overlapped reduction is `owner`'s.
   bool grad_sync_pending_for(const void* owner) const noexcept {
@@ -706,7 +738,11 @@ protected:
         }
       }
     }
-    const std::uint64_t sequence = live_->next_sequence(detail::waiter::caller);
+    std::size_t bytes = 0;
+    for (const auto& slot : slots_) {
+      bytes += slot.grad.size_bytes();
+    }
+    const std::uint64_t sequence = live_->next_sequence(detail::waiter::caller, bytes);
     detail::validate_gradients(*live_, detail::waiter::caller, "allreduce_grad", sequence, slots_,
                                options_.check_agreement, missing, problem, mode,
                                [&](dtype type) { return reducer.plan(type, size()); });
@@ -836,8 +872,8 @@ protected:
   //! is also the rendezvous that notices a rank gone or stuck (liveness.hpp).
   template <class Describe>
   void settle(const char* operation, std::uint64_t hash, Describe&& describe,
-              const std::string& problem) const {
-    const std::uint64_t sequence = live_->next_sequence(detail::waiter::caller);
+              const std::string& problem, std::size_t bytes = 0) const {
+    const std::uint64_t sequence = live_->next_sequence(detail::waiter::caller, bytes);
     if (options_.check_agreement) {
       agree_on_problems(detail::waiter::caller, operation, sequence, hash, describe, problem);
     }
@@ -849,8 +885,9 @@ protected:
   //! `settle` at the rendezvous of cohort's reduction thread (or of the end of its step).
   template <class Describe = std::nullptr_t>
   void settle_on(detail::waiter who, const char* operation, std::uint64_t hash,
-                 const std::string& problem, Describe&& describe = nullptr) const {
-    agree_on_problems(who, operation, live_->next_sequence(who), hash, describe, problem);
+                 const std::string& problem, Describe&& describe = nullptr,
+                 std::size_t bytes = 0) const {
+    agree_on_problems(who, operation, live_->next_sequence(who, bytes), hash, describe, problem);
     if (!problem.empty()) {
       throw invalid_argument(problem);
     }
@@ -892,7 +929,7 @@ protected:
           }
           return std::vector<detail::signature_entry>{{"the tensor", described}};
         },
-        problem);
+        problem, count * size_of(type));
   }
 
   void agree_root(const char* operation, int root) const {
@@ -907,6 +944,37 @@ protected:
         problem);
   }
 
+  //! A blocking call after the rendezvous, watched by the watchdog: `agreed` says every rank had
+  //! arrived.
+  detail::watch_scope watch_transfer(const char* operation, std::size_t bytes) const noexcept {
+    return detail::watch_scope(live_->slot(detail::waiter::caller), operation,
+                               live_->sequence(detail::waiter::caller), bytes,
+                               options_.check_agreement);
+  }
+  //! A blocking point-to-point call: no rendezvous precedes it.
+  detail::watch_scope watch_point_to_point(const char* operation,
+                                           std::size_t bytes) const noexcept {
+    return detail::watch_scope(live_->slot(detail::waiter::caller), operation,
+                               live_->sequence(detail::waiter::caller), bytes, false);
+  }
+
+  // Runs the exchange of gradients that every rank agreed to run. If it throws on this rank, the
+  // others are inside collectives this rank will not finish, and no error can reach them: the
+  // job ends, naming this rank and the cause, instead of hanging.
+  template <class F>
+  void fatal_on_failure(const char* operation, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      if (size() == 1) {
+        throw;
+      }
+      detail::end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
+                      " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
+                      "); the other ranks cannot finish its collectives; ending the job");
+    }
+  }
+
 private:
   // What a reduction that overlaps backward keeps between calls: behind a pointer so that the
   // communicator stays movable; its thread is made on first use. `mutex` guards every field;
@@ -918,8 +986,9 @@ private:
 
     std::mutex mutex;
     mpi_communicator* comm = nullptr; // the communicator of the step in flight
-    const void* owner = nullptr;      // who began it (an optimizer), for its own hooks only
-    bool pending = false;
+    // Written under `mutex`; read without it by the pending queries (atomics, for that).
+    std::atomic<const void*> owner{nullptr}; // who began it (an optimizer), for its own hooks only
+    std::atomic<bool> pending{false};
     bool threads_checked = false;
     missing_grad missing = missing_grad::report;
     std::vector<char> ready;
@@ -932,7 +1001,7 @@ private:
     std::size_t launched = 0;
     // Buckets from here on were launched by abandon_grad_sync: their gradients were never
     // marked ready, so they are never sent.
-    std::size_t abandoned_from = std::numeric_limits<std::size_t>::max();
+    std::atomic<std::size_t> abandoned_from{std::numeric_limits<std::size_t>::max()};
     bool caller_marked = false; // grad_ready was called, not only mark_all_ready
     std::uint64_t generation = 0;
     std::string problem; // the first local problem; written before problem_flag is raised
@@ -959,6 +1028,8 @@ private:
     });
     const std::vector<std::pair<const char*, std::string>> values = {
         {"the strategy", strategy_name},
+        // Same name, other template arguments (hierarchical<Intra, Inter>): the type tells.
+        {"the strategy's type", typeid(Strategy).name()},
         {"check_agreement", options_.check_agreement ? "true" : "false"},
         {"bucket_bytes", std::to_string(options_.bucket_bytes)},
         {"first_bucket_bytes", std::to_string(options_.first_bucket_bytes)},
@@ -1001,37 +1072,6 @@ private:
   // How a host strategy reduces one packed bucket.
   auto exchanger() {
     return [this](tensor_view packed, reduce_op op) { self().exchange(packed, op); };
-  }
-
-  //! A blocking call after the rendezvous, watched by the watchdog: `agreed` says every rank had
-  //! arrived.
-  detail::watch_scope watch_transfer(const char* operation, std::size_t bytes) const noexcept {
-    return detail::watch_scope(live_->slot(detail::waiter::caller), operation,
-                               live_->sequence(detail::waiter::caller), bytes,
-                               options_.check_agreement);
-  }
-  //! A blocking point-to-point call: no rendezvous precedes it.
-  detail::watch_scope watch_point_to_point(const char* operation,
-                                           std::size_t bytes) const noexcept {
-    return detail::watch_scope(live_->slot(detail::waiter::caller), operation,
-                               live_->sequence(detail::waiter::caller), bytes, false);
-  }
-
-  // Runs the exchange of gradients that every rank agreed to run. If it throws on this rank, the
-  // others are inside collectives this rank will not finish, and no error can reach them: the
-  // job ends, naming this rank and the cause, instead of hanging.
-  template <class F>
-  void fatal_on_failure(const char* operation, F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      if (size() == 1) {
-        throw;
-      }
-      detail::end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
-                      " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
-                      "); the other ranks cannot finish its collectives; ending the job");
-    }
   }
 
   // The plan of the current layout (rebuilt in the order learned at an earlier step, if any),
@@ -1084,6 +1124,10 @@ private:
       require_threads();
       o.threads_checked = true;
     }
+    if (!o.worker) {
+      // Before the ranks agree: a thread that cannot start fails on this rank alone, safely.
+      o.worker = std::make_unique<detail::overlap_worker<overlap_state>>();
+    }
   }
 
   void require_threads() const {
@@ -1116,9 +1160,6 @@ private:
   // Under o.mutex; after validate_slots prepared the plan.
   template <reducer Reducer>
   void begin_overlap(overlap_state& o, const Reducer&, missing_grad missing, const void* owner) {
-    if (!o.worker) {
-      o.worker = std::make_unique<detail::overlap_worker<overlap_state>>();
-    }
     o.comm = this;
     o.owner = owner;
     o.missing = missing;
@@ -1132,7 +1173,7 @@ private:
     o.seen.reserve(slots_.size());
     ++o.generation;
     o.launched = 0;
-    o.abandoned_from = std::numeric_limits<std::size_t>::max();
+    o.abandoned_from.store(std::numeric_limits<std::size_t>::max());
     o.caller_marked = false;
     o.problem.clear();
     o.problem_flag.store(false);
@@ -1174,7 +1215,7 @@ private:
   // A problem found on this rank during the step: every rank hears of it at the next agreement.
   void report(overlap_state& o, std::string problem) {
     if (!options_.check_agreement) {
-      if (o.abandoned_from != std::numeric_limits<std::size_t>::max()) {
+      if (o.abandoned_from.load() != std::numeric_limits<std::size_t>::max()) {
         return; // abandoning: nothing to tell without the agreement
       }
       throw invalid_argument(problem);
@@ -1254,7 +1295,8 @@ private:
     } else if (!problem.empty()) {
       throw invalid_argument(problem);
     }
-    if (reduction_.learning()) {
+    if (reduction_.learning() &&
+        o.abandoned_from.load() == std::numeric_limits<std::size_t>::max()) {
       // Every rank adopts rank 0's order, so the buckets stay the same everywhere; and only an
       // order the caller gave (not the index order of mark_all_ready) is worth learning. The
       // plan is rebuilt at the next step, before its agreement (a rebuild allocates).
@@ -1287,15 +1329,17 @@ private:
           o.problem_flag.load(std::memory_order_acquire) ? o.problem : std::string();
       detail::fingerprint f;
       f.add(b).add(k.count).add(static_cast<std::uint64_t>(k.plan.wire));
-      settle_on(detail::waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
-                [&] { return describe_bucket(b); });
+      settle_on(
+          detail::waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
+          [&] { return describe_bucket(b); }, k.count * size_of(k.plan.wire));
     }
-    if (b >= o.abandoned_from) {
+    if (b >= o.abandoned_from.load()) {
       return;
     }
-    const detail::watch_scope watch(
-        live_->slot(detail::waiter::reducer), "allreduce_grad (a bucket)",
-        live_->sequence(detail::waiter::reducer), k.count, options_.check_agreement);
+    const detail::watch_scope watch(live_->slot(detail::waiter::reducer),
+                                    "allreduce_grad (a bucket)",
+                                    live_->sequence(detail::waiter::reducer),
+                                    k.count * size_of(k.plan.wire), options_.check_agreement);
     fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
       reduction_.reduce_bucket(b, std::span<const detail::grad_slot>(slots_), exchanger(),
                                /*own_buffer=*/true);

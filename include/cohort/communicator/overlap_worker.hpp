@@ -66,6 +66,12 @@ public:
     work_.notify_one();
   }
 
+  //! Whether every launched bucket is reduced (never blocks).
+  bool idle() {
+    const std::lock_guard lock(mutex_);
+    return done_ == launched_;
+  }
+
   //! Blocks until every launched bucket is reduced; rethrows the first failure.
   void wait() {
     std::unique_lock lock(mutex_);

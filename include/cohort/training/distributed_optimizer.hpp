@@ -127,10 +127,26 @@ public:
       return;
     }
     if (!synchronized_.load(std::memory_order_relaxed)) {
+      // After a start that failed (on every rank alike), a blocking reduction checks again.
+      start_failed_.store(false, std::memory_order_relaxed);
       reduce();
     }
     synchronized_.store(false, std::memory_order_relaxed);
     inner_.step();
+  }
+
+  //! Ends this step without stepping the inner optimizer: after `synchronize()` when the update
+  //! is skipped (non-finite gradients under a loss scaler, say), so that the next step starts
+  //! afresh. A reduction this optimizer's hooks began is finished first (collective). Horovod's
+  //! `skip_synchronize` for the case where the step itself is not taken.
+  void skip_step() {
+    if constexpr (overlapping_communicator<communicator_type>) {
+      if (comm_->grad_sync_pending_for(this)) {
+        comm_->wait_grad_sync();
+      }
+    }
+    synchronized_.store(false, std::memory_order_relaxed);
+    start_failed_.store(false, std::memory_order_relaxed);
   }
 
   //! Reduces the gradients across ranks without stepping: for gradient clipping or inspection
@@ -166,7 +182,22 @@ public:
                              " after synchronize(): this step's gradients are reduced already; "
                              "step() before the next backward");
     }
-    ready_(this, params_, *comm_, reducer_, grad_sync_options{options_.missing}, index);
+    if (start_failed_.load(std::memory_order_relaxed)) {
+      // Every rank's start failed alike; retrying it from each later hook would make each rank
+      // issue as many collectives as its autograd engine has hooks left.
+      throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
+                             std::to_string(comm_->rank()) +
+                             ": this step's overlapped reduction failed to start (see the first "
+                             "error); step() reduces it blocking, or skip_step() drops it");
+    }
+    try {
+      ready_(this, params_, *comm_, reducer_, grad_sync_options{options_.missing}, index);
+    } catch (...) {
+      if (!comm_->grad_sync_pending_for(this)) {
+        start_failed_.store(true, std::memory_order_relaxed);
+      }
+      throw;
+    }
   }
 
   //! With double buffering, waits for the last reduction and steps with it, so that no step's
@@ -348,6 +379,7 @@ private:
   // Read by hooks on other threads (LibTorch's autograd engine), hence atomic.
   std::atomic<int> no_sync_depth_{0};
   std::atomic<bool> synchronized_{false};
+  std::atomic<bool> start_failed_{false};
   // Double buffering: the gradients' views this step, and the copies being reduced.
   std::vector<detail::grad_slot> slots_;
   std::vector<std::string> names_;

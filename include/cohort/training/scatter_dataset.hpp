@@ -43,7 +43,11 @@ using example_t = std::remove_cvref_t<decltype(std::declval<const D&>()[std::siz
 
 //! How a dataset is split across ranks.
 struct scatter_options {
-  //! Permute the examples before splitting (and again on each `set_epoch`).
+  //! Permute the examples before splitting. With `scatter_index` (every rank can read the whole
+  //! dataset), each `set_epoch` draws a new permutation of the whole dataset, the same on every
+  //! rank, and splits it again, so a rank sees other examples each epoch (as PyTorch's
+  //! DistributedSampler). With `scatter_dataset` the examples were sent once and stay on their
+  //! rank: `set_epoch` reorders this rank's own examples only.
   bool shuffle = false;
   //! The seed of the permutation; the root's is used. Without one, the root draws one at random
   //! and sends it to every rank, so the ranks still agree.
@@ -140,6 +144,15 @@ shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_option
     plan.force_equal_length = options.force_equal_length;
   }
   plan = comm.bcast_obj(plan, options.root);
+  // On every rank alike, from the root's plan: an empty dataset would give every rank nothing to
+  // train on, silently.
+  if (plan.total == 0) {
+    throw invalid_argument(std::string("cohort: ") + operation + " on rank " +
+                           std::to_string(comm.rank()) + ": the dataset on rank " +
+                           std::to_string(options.root) +
+                           " (the root) is empty: there is nothing to split across the " +
+                           std::to_string(comm.size()) + " ranks");
+  }
   if (every_rank_knows_n) {
     const auto all = comm.allgather_obj(static_cast<std::uint64_t>(n));
     for (std::size_t r = 0; r < all.size(); ++r) {
@@ -156,8 +169,9 @@ shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_option
 } // namespace detail
 
 //! This rank's share of the positions 0..n-1 of a dataset that every rank can read: indices
-//! only, no data moves. Reshuffled deterministically by `set_epoch` when shuffling (as
-//! PyTorch's DistributedSampler), the same way on every rank.
+//! only, no data moves. When shuffling, `set_epoch` permutes the whole dataset anew (the same
+//! permutation on every rank, from the seed and the epoch) and takes this rank's share of it, so
+//! the ranks' subsets change from epoch to epoch, as with PyTorch's DistributedSampler.
 class index_shard {
 public:
   index_shard() = default;
@@ -207,7 +221,8 @@ private:
 };
 
 //! Splits positions 0..n-1 across the ranks of `comm` (collective). Every rank must pass the same
-//! `n` (else `mismatch_error` on every rank, naming both sizes).
+//! `n` (else `mismatch_error` on every rank, naming both sizes); n = 0 throws `invalid_argument`
+//! on every rank.
 template <communicator Communicator>
 index_shard scatter_index(std::size_t n, Communicator& comm, const scatter_options& options = {}) {
   const auto plan = detail::agree_on_plan(comm, n, options, "scatter_index", true);
@@ -216,7 +231,9 @@ index_shard scatter_index(std::size_t n, Communicator& comm, const scatter_optio
 }
 
 //! This rank's examples, received from the root by `scatter_dataset`: itself a dataset. When
-//! shuffling, `set_epoch` reorders the local examples (the examples themselves stay on this rank).
+//! shuffling, `set_epoch` reorders this rank's own examples; which examples a rank has is fixed
+//! when they are sent (moving them each epoch would send the dataset again). Where every rank can
+//! read the whole dataset, `scatter_index` gives each epoch a new global split instead.
 template <class Example>
 class scattered_dataset {
 public:
@@ -256,7 +273,8 @@ private:
 
 //! Sends each rank its own examples of the root's `data` (collective; only the root's `data` is
 //! read, the others may pass an empty dataset). Examples travel through Boost.Serialization, in
-//! messages of at most `options.chunk_examples` examples.
+//! messages of at most `options.chunk_examples` examples. An empty dataset at the root throws
+//! `invalid_argument` on every rank.
 template <dataset Dataset, communicator Communicator>
 scattered_dataset<example_t<Dataset>> scatter_dataset(const Dataset& data, Communicator& comm,
                                                       const scatter_options& options = {}) {
