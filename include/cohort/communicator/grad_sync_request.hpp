@@ -61,7 +61,9 @@ public:
   }
 
   //! Whether every gradient of this request's reduction is reduced (so that `wait()` would not
-  //! wait for the transfers, only agree on the end of the step); never blocks. True once waited.
+  //! wait for the transfers, only agree on the end of the step). Does not wait for transfers (it
+  //! may wait for a step that is starting on another thread, while the ranks agree on it). True
+  //! once waited.
   bool test() const { return !pending() || comm_->grad_sync_complete(); }
 
   //! Whether this request's reduction is still in flight.

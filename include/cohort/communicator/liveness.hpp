@@ -58,8 +58,8 @@ public:
       , caller_slot_(timeout, rank_)
       , reducer_slot_(timeout, rank_) {
     if (timeout.count() < 0) {
-      throw invalid_argument("cohort: communicator_options::timeout must be >= 0 (0 disables "
-                             "it), not " +
+      throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank_) +
+                             ": communicator_options::timeout must be >= 0 (0 disables it), not " +
                              std::to_string(timeout.count()) + " ms");
     }
     install_terminate_handler();
@@ -83,25 +83,29 @@ public:
     if (!mpi_running() || size_ == 1) {
       return;
     }
-    std::string reason = "its communicator was destroyed";
-    if (std::uncaught_exceptions() > 0) {
-      reason += " during the unwinding of an exception";
-    } else if (const std::exception_ptr current = std::current_exception()) {
-      try {
-        std::rethrow_exception(current);
-      } catch (const std::exception& e) {
-        reason += " while handling an exception: " + std::string(e.what());
-      } catch (...) {
-        reason += " while handling an exception";
+    try {
+      std::string reason = "its communicator was destroyed";
+      if (std::uncaught_exceptions() > 0) {
+        reason += " during the unwinding of an exception";
+      } else if (const std::exception_ptr current = std::current_exception()) {
+        try {
+          std::rethrow_exception(current);
+        } catch (const std::exception& e) {
+          reason += " while handling an exception: " + std::string(e.what());
+        } catch (...) {
+          reason += " while handling an exception";
+        }
       }
-    }
-    const std::string notice = encode(reason);
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_) {
-        // Small enough to go eagerly: this never waits for the peer.
-        MPI_Send(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, leave_tag,
-                 control_);
+      const std::string notice = encode(reason);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) {
+          // Small enough to go eagerly: this never waits for the peer.
+          MPI_Send(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, leave_tag,
+                   control_);
+        }
       }
+    } catch (...) {
+      // Out of memory while saying goodbye: the peers will find out through the timeout.
     }
   }
 

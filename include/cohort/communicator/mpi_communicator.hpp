@@ -671,7 +671,7 @@ public:
   bool grad_sync_pending() const noexcept { return overlap_ != nullptr && overlap_->pending; }
 
   //! Whether every bucket of the pending overlapped reduction is reduced (or none is pending):
-  //! `wait_grad_sync` would then only agree on the end of the step. Never blocks.
+  //! `wait_grad_sync` would then only agree on the end of the step. Does not wait for transfers.
   bool grad_sync_complete() const {
     if (!grad_sync_pending()) {
       return true;

@@ -45,7 +45,7 @@ struct communicator_options {
 
   //! How long any MPI operation cohort runs may wait for the other ranks before the job is ended
   //! (one line on stderr naming the operation, its number, the bytes, the time waited and the
-  //! ranks that had not arrived; then MPI_Abort): the agreement, reductions, broadcasts, object
+  //! ranks that had not arrived; then the job ends): the agreement, reductions, broadcasts, object
   //! collectives, barrier, point-to-point calls, and the MPI steps of NCCL's set-up. 10 minutes,
   //! as PyTorch's NCCL watchdog; 0 waits for ever. Size it above the longest time one rank may
   //! legitimately run ahead of another (an evaluation on rank 0 alone, a checkpoint), since the

@@ -33,16 +33,32 @@ namespace detail {
 
 using watch_clock = std::chrono::steady_clock;
 
-//! Prints `message` as one line on stderr and ends the whole job with a non-zero code: through
-//! MPI_Abort while MPI runs (the launcher then ends every rank), else by exiting. Used where the
-//! other ranks cannot be released any other way (a rank gone, a rank stalled past the timeout).
+//! Prints `message` as one line on stderr and ends the whole job with a non-zero code. Used where
+//! the other ranks cannot be released any other way (a rank gone, a rank stalled past the
+//! timeout). Under Open MPI's mpirun the process exits at once: mpirun ends a job one of whose
+//! ranks exits without MPI_Finalize, while its MPI_Abort path was seen here to leave mpirun hanging
+//! when several ranks abort together and another is inside MPI_Finalize. Elsewhere MPI_Abort, the
+//! standard way, after 100 ms per world rank (at most 2 s) so that the lowest rank aborts alone,
+//! and with a fallback: should MPI_Abort not end this process within 10 s, it exits by itself.
 [[noreturn]] inline void end_job(const std::string& message) noexcept {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
   int initialized = 0;
   int finalized = 0;
-  if (MPI_Initialized(&initialized) == MPI_SUCCESS && initialized != 0 &&
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
+      MPI_Initialized(&initialized) == MPI_SUCCESS && initialized != 0 &&
       MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100) * std::min(std::max(rank, 0), 20));
+    try {
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(10));
+        std::_Exit(1);
+      }).detach();
+    } catch (...) {
+      // Without the fallback, MPI_Abort alone.
+    }
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   std::_Exit(1);
