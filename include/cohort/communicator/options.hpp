@@ -18,7 +18,7 @@ struct communicator_options {
   int simulated_ranks_per_node = 0;
 
   //! Before each collective, check that every rank passes the same counts, sizes and dtypes, and
-  //! throw `mismatch_error` on every rank if not (cost: one 16-byte all-reduce per call; an
+  //! throw `mismatch_error` on every rank if not (cost: one 64-byte rendezvous per call; an
   //! overlapped allreduce_grad has one per bucket too, on cohort's thread, and one at wait). When
   //! off, a mismatch is undefined behaviour of MPI: a hang, an MPI error or wrong numbers.
   bool check_agreement = true;
