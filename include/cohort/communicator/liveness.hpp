@@ -132,9 +132,6 @@ public:
   }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
-  std::chrono::milliseconds timeout() const noexcept {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
-  }
 
   //! The rendezvous: every rank's `values` combined with max, by recursive doubling over
   //! point-to-point messages that this thread polls (so that a peer gone or stuck is noticed).
