@@ -1100,7 +1100,7 @@ private:
     if (grad_sync_pending()) {
       throw invalid_argument(
           "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": " +
-          (owner != nullptr && overlap_->owner != owner
+          (overlap_->owner != owner && overlap_->owner != nullptr
                ? "another optimizer's overlapped reduction is pending on this communicator (it "
                  "marked gradients ready and has not stepped); step it first, or give each "
                  "optimizer a communicator of its own"

@@ -45,6 +45,12 @@ using watch_clock = std::chrono::steady_clock;
   std::fflush(stderr);
   int initialized = 0;
   int finalized = 0;
+  // The lowest rank first: Open MPI's launcher was seen to hang when ranks ended together while
+  // another was inside MPI_Finalize.
+  if (const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200) *
+                                std::min(std::max(std::atoi(world_rank), 0), 10));
+  }
   if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
       MPI_Initialized(&initialized) == MPI_SUCCESS && initialized != 0 &&
       MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0) {

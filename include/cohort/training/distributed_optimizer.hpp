@@ -274,19 +274,13 @@ private:
     detail::collect_gradients(*static_cast<Params*>(params), missing, slots, names);
   }
 
-  // This step's reduction: the one this optimizer's hooks began, or a blocking one.
+  // This step's reduction: the one this optimizer's hooks began, or a blocking one (which the
+  // communicator refuses, naming it, while another optimizer's reduction is pending).
   void reduce() {
     if constexpr (overlapping_communicator<communicator_type>) {
       if (comm_->grad_sync_pending_for(this)) {
         comm_->wait_grad_sync();
         return;
-      }
-      if (comm_->grad_sync_pending()) {
-        throw invalid_argument("cohort: distributed_optimizer::step on rank " +
-                               std::to_string(comm_->rank()) +
-                               ": another optimizer's overlapped reduction is pending on this "
-                               "communicator (it marked gradients ready and has not stepped); "
-                               "step it first, or give each optimizer a communicator of its own");
       }
     }
     sync_(params_, *comm_, reducer_, grad_sync_options{options_.missing});
