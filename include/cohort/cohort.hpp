@@ -11,7 +11,7 @@
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/hierarchical.hpp>
 #include <cohort/communicator/links.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/naive.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>

@@ -14,9 +14,9 @@
 
 namespace {
 using cohort::dtype;
+using cohort::grad_slot;
 using cohort::detail::bucket_limits;
 using cohort::detail::bucket_plan;
-using cohort::detail::grad_slot;
 
 // Slots of the given element counts and dtypes; the data pointers are never read.
 std::vector<grad_slot> layout(const std::vector<std::pair<std::size_t, dtype>>& shapes) {
@@ -65,7 +65,8 @@ BOOST_AUTO_TEST_CASE(reverse_registration_order_and_the_limits) {
                              {1, dtype::float32},
                              {1, dtype::float32}});
   bucket_plan plan;
-  plan.build(slots, reversed(6), cohort::mean{}, 2, bucket_limits{8, 4, 1000});
+  plan.build(slots, reversed(6), cohort::reduction_table(cohort::mean{}, 2),
+             bucket_limits{8, 4, 1000});
   const std::string expected = "5|4,3|2,1|0";
   BOOST_TEST(groups(plan) == expected);
   BOOST_TEST(plan.bucket_of(5) == 0u);
@@ -81,7 +82,8 @@ BOOST_AUTO_TEST_CASE(large_tensors_alone_and_in_place_small_ones_fused) {
   const auto slots = layout(
       {{100, dtype::float32}, {2, dtype::float32}, {2, dtype::float32}, {0, dtype::float32}});
   bucket_plan plan;
-  plan.build(slots, reversed(4), cohort::mean{}, 4, bucket_limits{1024, 1024, 256});
+  plan.build(slots, reversed(4), cohort::reduction_table(cohort::mean{}, 4),
+             bucket_limits{1024, 1024, 256});
   const std::string expected = "2,1|0";
   BOOST_TEST(groups(plan) == expected);
   BOOST_TEST(!plan.buckets()[0].in_place);
@@ -94,7 +96,7 @@ BOOST_AUTO_TEST_CASE(a_cast_on_the_wire_is_never_in_place_and_limits_count_wire_
   // float32 gradients sent as float16: 100 floats are 200 wire bytes, so two fit in 400.
   const auto slots = layout({{100, dtype::float32}, {100, dtype::float32}, {100, dtype::float32}});
   bucket_plan plan;
-  plan.build(slots, reversed(3), cohort::compressed<cohort::float16>{}, 2,
+  plan.build(slots, reversed(3), cohort::reduction_table(cohort::compressed<cohort::float16>{}, 2),
              bucket_limits{400, 400, 0});
   const std::string expected = "2,1|0";
   BOOST_TEST(groups(plan) == expected);
@@ -107,7 +109,8 @@ BOOST_AUTO_TEST_CASE(dtypes_never_share_and_buckets_go_in_order_of_completion) {
   const auto slots =
       layout({{1, dtype::float32}, {1, dtype::float64}, {1, dtype::float32}, {1, dtype::float64}});
   bucket_plan plan;
-  plan.build(slots, reversed(4), cohort::mean{}, 2, bucket_limits{64, 64, 64});
+  plan.build(slots, reversed(4), cohort::reduction_table(cohort::mean{}, 2),
+             bucket_limits{64, 64, 64});
   const std::string expected = "3,1|2,0";
   BOOST_TEST(groups(plan) == expected);
   BOOST_TEST(to_string(plan.buckets()[0].type) == "float64");
@@ -118,7 +121,7 @@ BOOST_AUTO_TEST_CASE(a_learned_order_regroups_the_buckets) {
       layout({{1, dtype::float32}, {1, dtype::float32}, {1, dtype::float32}, {1, dtype::float32}});
   bucket_plan plan;
   const std::vector<std::size_t> seen = {1, 3, 0, 2};
-  plan.build(slots, seen, cohort::mean{}, 2, bucket_limits{8, 8, 64});
+  plan.build(slots, seen, cohort::reduction_table(cohort::mean{}, 2), bucket_limits{8, 8, 64});
   const std::string expected = "1,3|0,2";
   BOOST_TEST(groups(plan) == expected);
   BOOST_TEST(std::vector<std::size_t>(plan.order().begin(), plan.order().end()) == seen,
@@ -128,7 +131,8 @@ BOOST_AUTO_TEST_CASE(a_learned_order_regroups_the_buckets) {
 BOOST_AUTO_TEST_CASE(zero_limits_put_every_tensor_alone) {
   const auto slots = layout({{3, dtype::float32}, {5, dtype::int32}, {2, dtype::float32}});
   bucket_plan plan;
-  plan.build(slots, reversed(3), cohort::mean{}, 3, bucket_limits{0, 0, 0});
+  plan.build(slots, reversed(3), cohort::reduction_table(cohort::mean{}, 3),
+             bucket_limits{0, 0, 0});
   const std::string expected = "2|1|0";
   BOOST_TEST(groups(plan) == expected);
   BOOST_TEST(plan.buckets()[0].in_place);

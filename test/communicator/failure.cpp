@@ -73,13 +73,13 @@ struct sgd {
 
 // A strategy whose exchange fails on the last rank at its 4th bucket: what an MPI error or a bug
 // inside a strategy looks like, on cohort's thread.
-class failing_flat : public cohort::mpi_communicator<failing_flat> {
+class failing_flat : public cohort::basic_communicator<failing_flat> {
 public:
   static constexpr std::string_view name = "failing_flat";
-  using cohort::mpi_communicator<failing_flat>::mpi_communicator;
+  using cohort::basic_communicator<failing_flat>::basic_communicator;
 
 private:
-  friend class cohort::mpi_communicator<failing_flat>;
+  friend class cohort::basic_communicator<failing_flat>;
   void exchange(cohort::tensor_view bucket, cohort::reduce_op op) {
     if (rank() == size() - 1 && ++exchanges_ == 4) {
       throw std::runtime_error("injected failure in the exchange");

@@ -295,14 +295,14 @@ BOOST_AUTO_TEST_CASE(a_communicator_destroyed_mid_reduction_abandons_it) {
 namespace {
 // Issue 10, point 7: a strategy whose buffers cannot be allocated on the last rank (as when the
 // two_dimensional ring's workspace grows), while `fail` is set.
-class flaky_flat : public cohort::mpi_communicator<flaky_flat> {
+class flaky_flat : public cohort::basic_communicator<flaky_flat> {
 public:
   static constexpr std::string_view name = "flaky_flat";
-  using cohort::mpi_communicator<flaky_flat>::mpi_communicator;
+  using cohort::basic_communicator<flaky_flat>::basic_communicator;
   bool fail = false;
 
 private:
-  friend class cohort::mpi_communicator<flaky_flat>;
+  friend class cohort::basic_communicator<flaky_flat>;
   void prepare_exchange(const cohort::detail::bucket&) {
     if (fail && rank() == size() - 1) {
       throw std::bad_alloc();

@@ -141,12 +141,12 @@ BOOST_AUTO_TEST_CASE(two_level_strategies_on_nccl_links_match_the_oracle) {
 }
 
 static_assert(cohort::communicator<cohort::any_gpu_communicator>);
-// What mpi_communicator asks before the ranks agree on the gradients.
-static_assert(requires(cohort::pure_nccl & s, const cohort::detail::grad_slot& slot) {
+// What basic_communicator asks before the ranks agree on the gradients.
+static_assert(requires(cohort::pure_nccl & s, const cohort::grad_slot& slot) {
   s.check_gradient_memory(slot);
 });
 static_assert(requires(cohort::hierarchical<cohort::nccl_links> & s,
-                       const cohort::detail::grad_slot& slot) { s.check_gradient_memory(slot); });
+                       const cohort::grad_slot& slot) { s.check_gradient_memory(slot); });
 static_assert(!cohort::overlapping_communicator<cohort::any_gpu_communicator>);
 
 BOOST_AUTO_TEST_CASE(any_gpu_communicator_by_name) {

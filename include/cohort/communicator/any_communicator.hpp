@@ -224,7 +224,7 @@ public:
     call([&](auto& c) { c.start_grad_sync(params, reducer, options); });
   }
   template <reducer Reducer>
-  requires overlapping void start_grad_sync(std::span<const detail::grad_slot> slots,
+  requires overlapping void start_grad_sync(std::span<const grad_slot> slots,
                                             const Reducer& reducer, const void* owner = nullptr) {
     call([&](auto& c) { c.start_grad_sync(slots, reducer, owner); });
   }
@@ -242,7 +242,7 @@ public:
     call([&](auto& c) { c.abandon_grad_sync(why); });
   }
   template <reducer Reducer>
-  requires overlapping void validate_grad_sync(std::span<const detail::grad_slot> slots,
+  requires overlapping void validate_grad_sync(std::span<const grad_slot> slots,
                                                const Reducer& reducer, missing_grad missing) {
     call([&](auto& c) { c.validate_grad_sync(slots, reducer, missing); });
   }

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
 
 #include <algorithm>
@@ -48,13 +48,11 @@ class bucket_plan {
 public:
   static constexpr std::size_t no_bucket = std::numeric_limits<std::size_t>::max();
 
-  template <reducer Reducer>
   void build(std::span<const grad_slot> slots, std::span<const std::size_t> order,
-             const Reducer& reducer, int ranks, const bucket_limits& limits) {
+             const reduction_table& reduction, const bucket_limits& limits) {
     buckets_.clear();
     members_.clear();
     bucket_of_.assign(slots.size(), no_bucket);
-    std::array<std::optional<grad_reduction>, dtype_count> plans;
     std::array<std::size_t, dtype_count> open;
     std::array<bool, dtype_count> had_first{};
     open.fill(no_bucket);
@@ -68,10 +66,7 @@ public:
         continue;
       }
       const std::size_t d = dtype_index(slot.grad.type);
-      if (!plans[d]) {
-        plans[d] = reducer.plan(slot.grad.type, ranks);
-      }
-      const grad_reduction& plan = *plans[d];
+      const grad_reduction& plan = reduction(slot.grad.type);
       const std::size_t wire_bytes = slot.grad.count * size_of(plan.wire);
       const auto start = [&](bool in_place) {
         buckets_.push_back({slot.grad.type, plan, in_place, 0, 0, 0});

@@ -3,11 +3,11 @@
 
 #include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/bucket_plan.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/host.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 
@@ -39,12 +39,11 @@ public:
   }
 
   //! The plan for this layout and reducer, built (buffers included) the first time it is seen.
-  template <reducer Reducer>
-  const bucket_plan& prepare(std::span<const grad_slot> slots, const Reducer& reducer, int ranks) {
+  const bucket_plan& prepare(std::span<const grad_slot> slots, const reduction_table& reduction) {
     fingerprint f;
-    f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(ranks));
+    f.add(slots_fingerprint(slots));
     for (const dtype type : all_dtypes) {
-      const grad_reduction plan = reducer.plan(type, ranks);
+      const grad_reduction& plan = reduction(type);
       f.add(static_cast<std::uint64_t>(plan.wire))
           .add(std::bit_cast<std::uint64_t>(plan.pre_scale))
           .add(std::bit_cast<std::uint64_t>(plan.post_scale))
@@ -65,7 +64,7 @@ public:
       found->learned = false;
       found->owned.clear(); // an evicted layout's overlap buffers are not this one's
       bucket_plan::reverse_order(slots.size(), order_);
-      build(*found, slots, order_, reducer, ranks);
+      build(*found, slots, order_, reduction);
     }
     found->used = clock_;
     current_ = &*found;
@@ -74,9 +73,8 @@ public:
 
   //! Rebuilds the current plan in `order` (the order the gradients became ready in a step), once
   //! per layout; later calls change nothing. Returns whether the plan changed.
-  template <reducer Reducer>
   bool learn_order(std::span<const grad_slot> slots, std::span<const std::size_t> order,
-                   const Reducer& reducer, int ranks) {
+                   const reduction_table& reduction) {
     if (current_->learned) {
       return false;
     }
@@ -84,7 +82,7 @@ public:
     if (std::ranges::equal(order, current_->plan.order())) {
       return false;
     }
-    build(*current_, slots, order, reducer, ranks);
+    build(*current_, slots, order, reduction);
     return true;
   }
 
@@ -133,10 +131,10 @@ public:
   }
 
   //! Reduces every bucket, in plan order.
-  template <reducer Reducer, class Exchange>
-  void run(std::span<const grad_slot> slots, const Reducer& reducer, int ranks,
+  template <class Exchange>
+  void run(std::span<const grad_slot> slots, const reduction_table& reduction,
            Exchange&& exchange) {
-    const bucket_plan& plan = prepare(slots, reducer, ranks);
+    const bucket_plan& plan = prepare(slots, reduction);
     for (std::size_t b = 0; b < plan.buckets().size(); ++b) {
       reduce_bucket(b, slots, exchange);
     }
@@ -175,10 +173,9 @@ private:
     std::vector<std::vector<std::byte>> owned; // one per bucket, once overlap is used
   };
 
-  template <reducer Reducer>
   void build(entry& e, std::span<const grad_slot> slots, std::span<const std::size_t> order,
-             const Reducer& reducer, int ranks) {
-    e.plan.build(slots, order, reducer, ranks, limits_);
+             const reduction_table& reduction) {
+    e.plan.build(slots, order, reduction, limits_);
     std::size_t largest = 0;
     for (const auto& b : e.plan.buckets()) {
       largest = std::max(largest, b.in_place ? 0 : b.count * size_of(b.plan.wire));

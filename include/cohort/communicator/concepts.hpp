@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/std.hpp>
 
@@ -62,7 +62,7 @@ concept overlapping_communicator = communicator<C> && !requires {
   requires C::reduces_gpu_memory;
 }
 &&requires(C& c, const C& cc, detail::parameters_archetype& params, std::size_t i,
-           const void* owner, std::span<const detail::grad_slot> slots) {
+           const void* owner, std::span<const grad_slot> slots) {
   c.start_grad_sync(params, detail::reducer_archetype{}, grad_sync_options{});
   c.start_grad_sync(slots, detail::reducer_archetype{}, owner);
   c.grad_ready(params, i);

@@ -10,10 +10,10 @@
     "<cohort/communicator/cuda_aware_flat.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/device_fused_reduction.hpp>
 #include <cohort/communicator/device_streams.hpp>
 #include <cohort/communicator/gradients.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
@@ -47,8 +47,8 @@ inline bool mpi_is_cuda_aware() noexcept {
 #endif
 }
 
-class cuda_aware_flat : public mpi_communicator<cuda_aware_flat> {
-  using base = mpi_communicator<cuda_aware_flat>;
+class cuda_aware_flat : public basic_communicator<cuda_aware_flat> {
+  using base = basic_communicator<cuda_aware_flat>;
 
 public:
   static constexpr std::string_view name = "cuda_aware_flat";
@@ -106,10 +106,9 @@ public:
 private:
   friend base;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     const cudaStream_t s = streams_.begin();
-    fused_.run(slots, reducer, size(), s, [&](tensor_view packed, reduce_op op) {
+    fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
       // The MPI ops of fp16 and bf16 are host functions: on device memory only an MPI that
       // stages through the host could run them. Every rank has the same plan, so every rank
       // refuses alike.

@@ -7,11 +7,11 @@
 #endif
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/pack.cuh>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/parameter.hpp>
@@ -42,8 +42,8 @@ namespace detail {
 //! Nothing is allocated once the buffers have grown to the model's size.
 class device_fused_reduction {
 public:
-  template <reducer Reducer, class Exchange>
-  void run(std::span<const grad_slot> slots, const Reducer& reducer, int ranks, cudaStream_t stream,
+  template <class Exchange>
+  void run(std::span<const grad_slot> slots, const reduction_table& reduction, cudaStream_t stream,
            Exchange&& exchange) {
     for (const dtype type : all_dtypes) {
       sources_.clear();
@@ -57,7 +57,7 @@ public:
       if (targets_.empty()) {
         continue;
       }
-      const grad_reduction plan = reducer.plan(type, ranks);
+      const grad_reduction& plan = reduction(type);
       std::size_t count = 0;
       for (const auto& t : targets_) {
         count += t.count;

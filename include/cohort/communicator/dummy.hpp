@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/grad_reduction.hpp>
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/gradients.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/config.hpp>
+#include <cohort/reducer/concepts.hpp>
 
 #include <boost/mpi/communicator.hpp>
 
@@ -19,14 +19,14 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! left of a step's cost without the network. Gradients come out scaled as the reducer says but not
 //! summed, so training with it is not data-parallel training. Every other collective (tensors,
 //! objects, parameter broadcast) does communicate, so data scattering and metrics still work.
-class dummy : public mpi_communicator<dummy> {
+class dummy : public basic_communicator<dummy> {
 public:
   static constexpr std::string_view name = "dummy";
 
-  using mpi_communicator<dummy>::mpi_communicator;
+  using basic_communicator<dummy>::basic_communicator;
 
 private:
-  friend class mpi_communicator<dummy>;
+  friend class basic_communicator<dummy>;
 
   void exchange(tensor_view, reduce_op) {}
 };

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/mpi_communicator.hpp>
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/tensor_view.hpp>
@@ -17,14 +17,14 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! tensor of `fusion_threshold_bytes` or more is reduced in place, where a copy would cost more
 //! than it saves. ChainerMN's flat packed everything into one buffer; on the figures of
 //! bench/grad_sync that is slower. Nothing is allocated after the first step of a layout.
-class flat : public mpi_communicator<flat> {
+class flat : public basic_communicator<flat> {
 public:
   static constexpr std::string_view name = "flat";
 
-  using mpi_communicator<flat>::mpi_communicator;
+  using basic_communicator<flat>::basic_communicator;
 
 private:
-  friend class mpi_communicator<flat>;
+  friend class basic_communicator<flat>;
 
   void exchange(tensor_view bucket, reduce_op op) { mpi::allreduce(grad_comm(), bucket, op); }
 };

@@ -6,10 +6,10 @@
 // any buffer is reduced.
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/liveness.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
@@ -39,17 +39,19 @@ struct grad_sync_options {
   missing_grad missing = missing_grad::report;
 };
 
-namespace detail {
-
+//! Where a parameter's gradient stands when it is read for a reduction.
 enum class slot_state : unsigned char { ok, missing, wrong_size, not_contiguous };
 
-//! One parameter's gradient, type-erased.
+//! One parameter's gradient, type-erased: what the gradient-sync engine reduces, and what a
+//! wrapper that reduces copies of the gradients (double buffering) hands to the communicator.
 struct grad_slot {
   std::string_view name;
   tensor_view grad;
   std::size_t value_count = 0;
   slot_state state = slot_state::ok;
 };
+
+namespace detail {
 
 template <parameter P>
 grad_slot collect_one(P& p, missing_grad missing) {
@@ -75,27 +77,6 @@ grad_slot collect_one(P& p, missing_grad missing) {
     slot.state = slot_state::not_contiguous;
   }
   return slot;
-}
-
-//! Reads a parameter set into `slots`, and the parameters' names into `names` (owned: a name may
-//! be a temporary). The capacities of both are reused from step to step.
-template <parameter_set Params>
-void collect_gradients(Params& params, missing_grad missing, std::vector<grad_slot>& slots,
-                       std::vector<std::string>& names) {
-  slots.clear();
-  std::size_t count = 0;
-  for (auto&& p : params) {
-    using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-    if (names.size() <= count) {
-      names.emplace_back();
-    }
-    names[count++].assign(std::string_view(traits::name(p)));
-    slots.push_back(collect_one(p, missing));
-  }
-  // Only now that `names` has stopped growing may the slots point into it.
-  for (std::size_t i = 0; i < count; ++i) {
-    slots[i].name = names[i];
-  }
 }
 
 inline std::string slot_label(const grad_slot& slot) {
@@ -157,10 +138,8 @@ inline std::string describe_reduction(const grad_reduction& plan) {
 
 //! What every rank must agree on before gradients move, beside their layout: how each dtype
 //! present is reduced (the reducer's plan), and in which mode (blocking, overlapped).
-//! `plan_of(dtype)` gives the reducer's plan for a dtype.
-template <class PlanOf>
-std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots, std::string_view mode,
-                                    PlanOf&& plan_of) {
+inline std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots, std::string_view mode,
+                                           const reduction_table& plan_of) {
   fingerprint f;
   f.add(mode);
   const unsigned present = present_dtypes(slots);
@@ -177,9 +156,8 @@ std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots, std::strin
   return f.value();
 }
 
-template <class PlanOf>
-std::vector<signature_entry> describe_reduction_plan(std::span<const grad_slot> slots,
-                                                     PlanOf&& plan_of) {
+inline std::vector<signature_entry> describe_reduction_plan(std::span<const grad_slot> slots,
+                                                            const reduction_table& plan_of) {
   std::vector<signature_entry> entries;
   const unsigned present = present_dtypes(slots);
   for (std::size_t d = 0; d < dtype_count; ++d) {
@@ -199,10 +177,10 @@ std::vector<signature_entry> describe_reduction_plan(std::span<const grad_slot> 
 //! about to be reduced ("blocking", "overlapped"): ranks that would reduce them in different ways
 //! would issue different collectives, so they agree on it too, as on the reducer's plan for each
 //! dtype (`plan_of`), since ranks that scale or cast differently would silently diverge.
-template <class PlanOf>
-void validate_gradients(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
-                        std::span<const grad_slot> slots, bool check, missing_grad missing,
-                        const std::string& problem, std::string_view mode, PlanOf&& plan_of) {
+inline void validate_gradients(liveness& live, waiter who, const char* operation,
+                               std::uint64_t sequence, std::span<const grad_slot> slots, bool check,
+                               missing_grad missing, const std::string& problem,
+                               std::string_view mode, const reduction_table& plan_of) {
   if (check) {
     fingerprint f;
     f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
@@ -252,5 +230,27 @@ void validate_gradients(liveness& live, waiter who, const char* operation, std::
 }
 
 } // namespace detail
+
+//! Reads a parameter set into `slots`, and the parameters' names into `names` (owned: a name may
+//! be a temporary). The capacities of both are reused from step to step.
+template <parameter_set Params>
+void collect_gradients(Params& params, missing_grad missing, std::vector<grad_slot>& slots,
+                       std::vector<std::string>& names) {
+  slots.clear();
+  std::size_t count = 0;
+  for (auto&& p : params) {
+    using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+    if (names.size() <= count) {
+      names.emplace_back();
+    }
+    names[count++].assign(std::string_view(traits::name(p)));
+    slots.push_back(detail::collect_one(p, missing));
+  }
+  // Only now that `names` has stopped growing may the slots point into it.
+  for (std::size_t i = 0; i < count; ++i) {
+    slots[i].name = names[i];
+  }
+}
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/links.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 
@@ -17,13 +17,13 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! among the nodes' first ranks over `Inter`, and broadcast back inside the node over `Intra`.
 //! Only one rank per node uses the network. Nodes may differ in size.
 template <class Intra = mpi_links, class Inter = mpi_links>
-class hierarchical : public mpi_communicator<hierarchical<Intra, Inter>> {
+class hierarchical : public basic_communicator<hierarchical<Intra, Inter>> {
   static_assert(
       !std::is_same_v<Intra, nccl_links>,
       "cohort: hierarchical<nccl_links, ...> reduces GPU memory: include <cohort/nccl.hpp> "
       "in a translation unit compiled by nvcc");
   static_assert(links<Intra> && links<Inter>, "cohort: Intra and Inter must model cohort::links");
-  using base = mpi_communicator<hierarchical<Intra, Inter>>;
+  using base = basic_communicator<hierarchical<Intra, Inter>>;
 
 public:
   static constexpr std::string_view name = "hierarchical";

@@ -10,10 +10,10 @@
     "<cohort/communicator/host_staged.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/device_fused_reduction.hpp>
 #include <cohort/communicator/device_streams.hpp>
 #include <cohort/communicator/gradients.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
@@ -129,8 +129,8 @@ private:
 
 } // namespace detail
 
-class host_staged : public mpi_communicator<host_staged> {
-  using base = mpi_communicator<host_staged>;
+class host_staged : public basic_communicator<host_staged> {
+  using base = basic_communicator<host_staged>;
 
 public:
   static constexpr std::string_view name = "host_staged";
@@ -211,10 +211,9 @@ public:
 private:
   friend base;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const detail::grad_slot> slots, const Reducer& reducer) {
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     const cudaStream_t s = streams_.begin();
-    fused_.run(slots, reducer, size(), s, [&](tensor_view packed, reduce_op op) {
+    fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
       // The host must wait for the pack before MPI reads the copy: one synchronisation per dtype.
       void* host = staging_.reserve(packed.size_bytes(), s);
       cuda::check(

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/bucket_plan.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
@@ -17,14 +17,14 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! The reference strategy: one MPI all-reduce per gradient tensor, on host memory (in place, or
 //! through a cast buffer when the reducer wants another dtype on the wire). Simple and slow for
 //! many small tensors (one latency each); the oracle the faster strategies are tested against.
-class naive : public mpi_communicator<naive> {
+class naive : public basic_communicator<naive> {
 public:
   static constexpr std::string_view name = "naive";
 
-  using mpi_communicator<naive>::mpi_communicator;
+  using basic_communicator<naive>::basic_communicator;
 
 private:
-  friend class mpi_communicator<naive>;
+  friend class basic_communicator<naive>;
 
   // Every gradient alone in its bucket, and in place where its dtype allows.
   static detail::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }

@@ -12,16 +12,16 @@
     "<cohort/communicator/nccl_strategy.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/device_fused_reduction.hpp>
 #include <cohort/communicator/device_streams.hpp>
 #include <cohort/communicator/gpu_options.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
@@ -44,8 +44,8 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
 template <class Strategy>
-class nccl_strategy : public mpi_communicator<Strategy> {
-  using base = mpi_communicator<Strategy>;
+class nccl_strategy : public basic_communicator<Strategy> {
+  using base = basic_communicator<Strategy>;
 
 public:
   nccl_strategy(const boost::mpi::communicator& comm, communicator_options options, gpu_options gpu)
@@ -246,11 +246,10 @@ public:
 protected:
   friend base;
 
-  template <reducer Reducer>
-  void reduce_gradients(std::span<const grad_slot> slots, const Reducer& reducer) {
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     Strategy& self = static_cast<Strategy&>(*this);
     enqueue_on(self.bucket_comm(), "allreduce_grad", [&](nccl::communicator& c, cudaStream_t s) {
-      fused_.run(slots, reducer, this->size(), s,
+      fused_.run(slots, reduction, s,
                  [&](tensor_view packed, reduce_op op) { self.exchange_bucket(c, packed, op, s); });
     });
   }

@@ -99,7 +99,7 @@ public:
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
     if (!parameter_layout::any_on_device(params)) {
-      return mpi_communicator<Strategy>::broadcast_parameters(params, root);
+      return basic_communicator<Strategy>::broadcast_parameters(params, root);
     }
     operation_scope scope("broadcast_parameters");
     parameter_layout layout;

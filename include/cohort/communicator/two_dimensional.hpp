@@ -2,9 +2,9 @@
 #pragma once
 
 #include <cohort/algorithm/ring.hpp>
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/links.hpp>
-#include <cohort/communicator/mpi_communicator.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -46,14 +46,14 @@ void require_equal_node_sizes(Communicator& comm, std::string_view strategy) {
 //! rank i must line up across nodes): otherwise construction throws on every rank. `Intra` is
 //! `mpi_links` (cohort's ring on MPI) here, or `nccl_links` on GPUs (<cohort/nccl.hpp>).
 template <class Intra = mpi_links, class Inter = mpi_links>
-class two_dimensional : public mpi_communicator<two_dimensional<Intra, Inter>> {
+class two_dimensional : public basic_communicator<two_dimensional<Intra, Inter>> {
   static_assert(!std::is_same_v<Intra, nccl_links>,
                 "cohort: two_dimensional<nccl_links, ...> reduces GPU memory: include "
                 "<cohort/nccl.hpp> in a translation unit compiled by nvcc");
   static_assert(std::is_same_v<Intra, mpi_links>,
                 "cohort: on host memory, two_dimensional's rings inside the node run on MPI");
   static_assert(links<Inter>, "cohort: Inter must model cohort::links");
-  using base = mpi_communicator<two_dimensional<Intra, Inter>>;
+  using base = basic_communicator<two_dimensional<Intra, Inter>>;
 
 public:
   static constexpr std::string_view name = "two_dimensional";

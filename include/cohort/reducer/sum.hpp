@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
 
 namespace cohort {

@@ -2,10 +2,10 @@
 #pragma once
 
 #include <cohort/communicator/concepts.hpp>
-#include <cohort/communicator/grad_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
+#include <cohort/reducer/concepts.hpp>
 #include <cohort/reducer/mean.hpp>
 #include <cohort/tensor/parameter.hpp>
 
@@ -269,9 +269,9 @@ private:
     comm.grad_ready_for(owner, *static_cast<Params*>(params), reducer, options, index);
   }
   template <class Params>
-  static void collect(void* params, missing_grad missing, std::vector<detail::grad_slot>& slots,
+  static void collect(void* params, missing_grad missing, std::vector<grad_slot>& slots,
                       std::vector<std::string>& names) {
-    detail::collect_gradients(*static_cast<Params*>(params), missing, slots, names);
+    collect_gradients(*static_cast<Params*>(params), missing, slots, names);
   }
 
   // This step's reduction: the one this optimizer's hooks began, or a blocking one (which the
@@ -307,8 +307,7 @@ private:
       // Checked before the previous reduction is waited for, so that a refused step loses
       // nothing: that reduction stays pending, for the next step or finish().
       collect_(params_, options_.missing, slots_, names_);
-      comm_->validate_grad_sync(std::span<const detail::grad_slot>(slots_), reducer_,
-                                options_.missing);
+      comm_->validate_grad_sync(std::span<const grad_slot>(slots_), reducer_, options_.missing);
       if (had_previous) {
         require_same_layout("step");
         comm_->wait_grad_sync();
@@ -316,7 +315,7 @@ private:
         make_copies();
       }
       swap_copies();
-      comm_->start_grad_sync(std::span<const detail::grad_slot>(copy_slots_), reducer_, this);
+      comm_->start_grad_sync(std::span<const grad_slot>(copy_slots_), reducer_, this);
       comm_->mark_all_ready();
       return had_previous;
     } else {
@@ -368,18 +367,18 @@ private:
   void (*sync_)(void*, communicator_type&, const Reducer&, grad_sync_options);
   void (*ready_)(const void*, void*, communicator_type&, const Reducer&, grad_sync_options,
                  std::size_t) = nullptr;
-  void (*collect_)(void*, missing_grad, std::vector<detail::grad_slot>&,
+  void (*collect_)(void*, missing_grad, std::vector<grad_slot>&,
                    std::vector<std::string>&) = nullptr;
   // Read by hooks on other threads (LibTorch's autograd engine), hence atomic.
   std::atomic<int> no_sync_depth_{0};
   std::atomic<bool> synchronized_{false};
   std::atomic<bool> start_failed_{false};
   // Double buffering: the gradients' views this step, and the copies being reduced.
-  std::vector<detail::grad_slot> slots_;
+  std::vector<grad_slot> slots_;
   std::vector<std::string> names_;
   std::vector<std::vector<std::byte>> copies_;
   std::vector<std::string> copy_names_;
-  std::vector<detail::grad_slot> copy_slots_;
+  std::vector<grad_slot> copy_slots_;
 };
 
 template <class Optimizer, class Communicator, class Params>

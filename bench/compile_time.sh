@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# What including cohort costs a trainer's build: the time to compile (-O2, to an object file) a
+# translation unit with <cohort/cohort.hpp> and one allreduce_grad, side by side with one that
+# includes <boost/mpi.hpp> alone and does one all-reduce; and, where nvcc and NCCL are found, a
+# translation unit with <cohort/nccl.hpp> and one pure_nccl allreduce_grad beside one with
+# <nccl.h> and <cuda_runtime.h> alone. Each row is the median of --runs compilations (default 5),
+# the rows taking turns so that a busy machine slows them alike.
+#
+#   bench/compile_time.sh [--runs N] [--cxx g++] [--no-gpu]
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+runs=5
+cxx=${CXX:-g++}
+gpu=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --cxx) cxx=$2; shift 2 ;;
+    --no-gpu) gpu=0; shift ;;
+    *) sed -n '3,10p' "${BASH_SOURCE[0]}"; exit 2 ;;
+  esac
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+cat >"$work/boost_mpi.cpp" <<'EOF'
+#include <boost/mpi.hpp>
+#include <vector>
+void reduce(boost::mpi::communicator& comm, std::vector<float>& g) {
+  std::vector<float> out(g.size());
+  boost::mpi::all_reduce(comm, g.data(), static_cast<int>(g.size()), out.data(), std::plus<float>());
+  g.swap(out);
+}
+EOF
+cat >"$work/cohort.cpp" <<'EOF'
+#include <cohort/cohort.hpp>
+#include <vector>
+void reduce(cohort::flat& comm, std::vector<cohort::parameter_ref<std::vector<float>>>& params) {
+  comm.allreduce_grad(params, cohort::mean{});
+}
+EOF
+cat >"$work/nccl_only.cu" <<'EOF'
+#include <cuda_runtime.h>
+#include <nccl.h>
+void reduce(ncclComm_t comm, float* g, size_t n, cudaStream_t s) {
+  ncclAllReduce(g, g, n, ncclFloat, ncclSum, comm, s);
+}
+EOF
+cat >"$work/cohort_nccl.cu" <<'EOF'
+#include <cohort/nccl.hpp>
+#include <vector>
+void reduce(cohort::pure_nccl& comm,
+            std::vector<cohort::parameter_ref<cohort::device_span<float>>>& params) {
+  comm.allreduce_grad(params, cohort::mean{});
+}
+EOF
+
+mpi_flags=$(mpicxx --showme:compile)
+host_flags=(-std=c++20 -O2 -c -I"$root/include" $mpi_flags)
+
+# compile NAME COMMAND...: appends one time in seconds to $work/NAME.
+compile() {
+  local name=$1
+  shift
+  local start end
+  start=$(date +%s.%N)
+  "$@" >/dev/null
+  end=$(date +%s.%N)
+  echo "$end - $start" | bc >>"$work/$name"
+}
+
+median() { sort -g "$work/$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+rows=(boost_mpi cohort)
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [ "$gpu" -eq 1 ] && [ -x "$nvcc" ] && [ -e /usr/local/cuda/include/nccl.h -o -e /usr/include/nccl.h ]; then
+  rows+=(nccl_only cohort_nccl)
+else
+  gpu=0
+fi
+gpu_flags=(-std=c++20 -O2 -c -arch=sm_80 -I"$root/include" $mpi_flags)
+
+for ((i = 0; i < runs; ++i)); do
+  compile boost_mpi "$cxx" "${host_flags[@]}" "$work/boost_mpi.cpp" -o "$work/a.o"
+  compile cohort "$cxx" "${host_flags[@]}" "$work/cohort.cpp" -o "$work/b.o"
+  if [ "$gpu" -eq 1 ]; then
+    compile nccl_only "$nvcc" "${gpu_flags[@]}" "$work/nccl_only.cu" -o "$work/c.o"
+    compile cohort_nccl "$nvcc" "${gpu_flags[@]}" "$work/cohort_nccl.cu" -o "$work/d.o"
+  fi
+done
+
+printf '%-52s %10s\n' "translation unit (-O2, median of $runs)" "seconds"
+printf '%-52s %10.2f\n' "<boost/mpi.hpp>, one all_reduce" "$(median boost_mpi)"
+printf '%-52s %10.2f\n' "<cohort/cohort.hpp>, one flat allreduce_grad" "$(median cohort)"
+printf '%-52s %+10.2f\n' "  cohort's cost over Boost.MPI" "$(echo "$(median cohort) - $(median boost_mpi)" | bc)"
+if [ "$gpu" -eq 1 ]; then
+  printf '%-52s %10.2f\n' "<nccl.h> + <cuda_runtime.h>, one ncclAllReduce (nvcc)" "$(median nccl_only)"
+  printf '%-52s %10.2f\n' "<cohort/nccl.hpp>, one pure_nccl allreduce_grad" "$(median cohort_nccl)"
+  printf '%-52s %+10.2f\n' "  cohort's cost over NCCL" "$(echo "$(median cohort_nccl) - $(median nccl_only)" | bc)"
+fi

@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The front door every strategy shares: the topology, the tensor and object collectives, the
+// parameter broadcast and allreduce_grad, blocking or overlapped with backward. It checks the
+// arguments, reads the user's types into type-erased views, and forwards: to the checks
+// (detail/checks.hpp), to the gradient-sync engine (detail/grad_sync.hpp), to the transports.
+// A strategy derives from basic_communicator<Strategy> (CRTP: no virtual call) and supplies only
+// how one bucket of host gradients is exchanged, `exchange(tensor_view, reduce_op)` over the
+// gradient channels (`grad_comm()`, ...), or, for device memory, how all of them are reduced,
+// `reduce_gradients(std::span<const grad_slot>, const reduction_table&)`.
+
+#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/communicator_base.hpp>
+#include <cohort/communicator/detail/checks.hpp>
+#include <cohort/communicator/detail/grad_sync.hpp>
+#include <cohort/communicator/detail/parameter_broadcast.hpp>
+#include <cohort/communicator/grad_sync_request.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/communicator/topology.hpp>
+#include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
+#include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/reducer/concepts.hpp>
+#include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/parameter.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/communicator.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! The front door of every strategy: `Strategy` derives from basic_communicator<Strategy>
+//! (CRTP: no virtual call) and supplies how gradients are exchanged (see the top of this file).
+template <class Strategy>
+class basic_communicator : public communicator_base {
+public:
+  //! Builds the communicator over a duplicate of `comm` (so that cohort's messages never match
+  //! the user's), and works out the topology. Collective over `comm`. Every rank must pass the
+  //! same strategy and options: they are compared here, whatever `check_agreement` says, and a
+  //! difference throws `mismatch_error` on every rank naming the option and both values.
+  explicit basic_communicator(const boost::mpi::communicator& comm,
+                              communicator_options options = {})
+      : communicator_base(comm, options)
+      , sync_(std::make_unique<detail::grad_sync>(bucketing(options))) {
+    std::string_view name = "a strategy without a name";
+    if constexpr (requires { Strategy::name; }) {
+      name = Strategy::name;
+    }
+    // Same name, other template arguments (hierarchical<Intra, Inter>): the type tells.
+    checks().agree_on_options(name, typeid(Strategy).name());
+    connect(comm);
+    grad_world_ = checked_duplicate(mpi_comm());
+    grad_intra_ = checked_duplicate(intra_comm());
+    grad_inter_ = checked_duplicate(inter_comm());
+  }
+
+  //! A reduction still pending on `other` is abandoned first: cohort's thread reads the
+  //! communicator it began on.
+  basic_communicator(basic_communicator&& other) noexcept
+      : communicator_base(
+            (other.abandon_grad_sync("its communicator was moved from"), std::move(other)))
+      , grad_world_(std::move(other.grad_world_))
+      , grad_intra_(std::move(other.grad_intra_))
+      , grad_inter_(std::move(other.grad_inter_))
+      , sync_(std::move(other.sync_)) {}
+
+  //! Abandons a reduction pending on either side, then takes `other`'s place (this rank leaves
+  //! the communicator it had: its peers are told, see liveness.hpp).
+  basic_communicator& operator=(basic_communicator&& other) noexcept {
+    if (this != &other) {
+      abandon_grad_sync("its communicator was replaced by move assignment");
+      other.abandon_grad_sync("its communicator was moved from");
+      sync_ = std::move(other.sync_);
+      grad_inter_ = std::move(other.grad_inter_);
+      grad_intra_ = std::move(other.grad_intra_);
+      grad_world_ = std::move(other.grad_world_);
+      communicator_base::operator=(std::move(other));
+    }
+    return *this;
+  }
+  basic_communicator(const basic_communicator&) = delete;
+  basic_communicator& operator=(const basic_communicator&) = delete;
+
+  //! Abandons an overlapped reduction still pending (the other ranks get an error; nothing this
+  //! rank did not mark ready is sent), so that cohort's thread never outlives what it reads.
+  //! Then tells the other ranks that this rank leaves the communicator.
+  ~basic_communicator() {
+    abandon_grad_sync(std::uncaught_exceptions() > 0
+                          ? "its communicator was destroyed during the unwinding of an exception"
+                          : "its communicator was destroyed");
+  }
+
+  //! A communicator of the same strategy over the ranks that pass the same `color` (>= 0),
+  //! ordered by `key`. Collective. The options are kept (ChainerMN's split lost them).
+  Strategy split(int color, int key) const {
+    detail::operation_scope scope("split");
+    const std::string problem = detail::local_checks([&] {
+      if (color < 0) {
+        throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
+                               ": color must be >= 0, not " + std::to_string(color));
+      }
+    });
+    checks().settle("split", detail::fingerprint{}.value(), nullptr, problem);
+    MPI_Comm part = MPI_COMM_NULL;
+    {
+      const auto watch = checks().watch_transfer("split", 0);
+      mpi::check(MPI_Comm_split(mpi_comm(), color, key, &part), "MPI_Comm_split", mpi_comm());
+    }
+    return Strategy(detail::adopt(part), options());
+  }
+
+  // ---- parameters and gradients ------------------------------------------------------------
+
+  //! Copies every parameter's value from `root` to every rank. The ranks first agree on the
+  //! layout (names, sizes, dtypes) if the agreement check is on. Small values travel packed in
+  //! a bucket's worth of bytes at a time, large ones in place, so no copy of the model is made.
+  template <parameter_set Params>
+  void broadcast_parameters(Params&& params, int root = 0) {
+    detail::operation_scope scope("broadcast_parameters");
+    detail::parameter_layout layout;
+    const std::string problem = detail::local_checks([&] {
+      checks().check_root(root, "broadcast_parameters");
+      layout.collect(params,
+                     [&](auto& value, const std::string& what) { return host_view(value, what); });
+    });
+    detail::agree_on_parameters(checks(), layout, root, problem);
+    detail::broadcast_host_values(checks(), mpi_comm(), layout.values, root);
+  }
+
+  //! Reduces every parameter's gradient over all ranks as `reducer` says (for `mean`: the
+  //! average), in place. Before anything is reduced, the ranks agree on the layout and on the
+  //! reducer's plan for each dtype (if the check is on); a parameter without a gradient is
+  //! reported or zero-filled as `options` says. A failure inside the exchange, after the ranks
+  //! agreed to run it, ends the job with a message naming the rank and the cause.
+  template <parameter_set Params, reducer Reducer>
+  void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
+    detail::operation_scope scope("allreduce_grad");
+    sync_->require_no_pending(checks(), "allreduce_grad", nullptr);
+    collect_gradients(params, options.missing, sync_->slots(), sync_->names());
+    sync_->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
+                           local_problem());
+  }
+
+  // ---- gradients reduced while backward runs ------------------------------------------------
+
+  //! Begins a reduction of `params`' gradients that overlaps with backward: call `ready(i)` on
+  //! the request as parameter i's gradient becomes final (from a hook, from any thread), and
+  //! `wait()` before the optimizer step. A bucket is reduced, on cohort's own thread, as soon as
+  //! its gradients are ready and the buckets before it are on their way; the order gradients
+  //! become ready in the first step is learned (rank 0's) and the buckets rebuilt for it.
+  //! Collective: the ranks agree on the layout now, so every gradient tensor must exist, with its
+  //! final size, already. Needs MPI started with `MPI_THREAD_MULTIPLE` (throws `cohort::error`
+  //! otherwise).
+  template <parameter_set Params, reducer Reducer>
+  grad_sync_request<Strategy, Params> begin_allreduce_grad(Params& params, const Reducer& reducer,
+                                                           grad_sync_options options = {}) {
+    start_grad_sync(params, reducer, options);
+    return {self(), params};
+  }
+
+  //! Non-blocking `allreduce_grad`: every gradient is ready now; the buckets are reduced on
+  //! cohort's thread while the caller goes on. `wait()` on the request before touching them.
+  template <parameter_set Params, reducer Reducer>
+  grad_sync_request<Strategy, Params> iallreduce_grad(Params& params, const Reducer& reducer,
+                                                      grad_sync_options options = {}) {
+    start_grad_sync(params, reducer, options);
+    mark_all_ready();
+    return {self(), params};
+  }
+
+  //! The parts of `begin_allreduce_grad` for callers that keep no request (the optimizer
+  //! wrapper): start, say which gradient is ready, wait. `owner` names who started it (an
+  //! optimizer: several may share a communicator, and each must reduce only its own gradients).
+  template <parameter_set Params, reducer Reducer>
+  void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {},
+                       const void* owner = nullptr) {
+    const std::lock_guard lock(sync_->mutex());
+    start_locked(params, reducer, options, owner);
+  }
+
+  //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
+  //! does not touch until `wait_grad_sync`): for a wrapper that reduces a copy of the gradients.
+  template <reducer Reducer>
+  void start_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
+                       const void* owner = nullptr) {
+    detail::operation_scope scope("allreduce_grad");
+    const std::lock_guard lock(sync_->mutex());
+    require_overlap_possible(owner);
+    sync_->slots().assign(slots.begin(), slots.end());
+    sync_->begin(checks(), strategy(), grad_world_, reduction_table(reducer, size()),
+                 missing_grad::report, owner, local_problem());
+  }
+
+  //! Parameter `index` of `params` (the set the reduction began with) has its final gradient: it
+  //! is read again, and its bucket reduced if that completes it. Safe from any thread.
+  template <parameter_set Params>
+  void grad_ready(Params& params, std::size_t index) {
+    const std::lock_guard lock(sync_->mutex());
+    sync_->require_pending(checks(), "grad_ready");
+    reread_and_mark(params, index);
+  }
+
+  //! What an optimizer's backward hook calls, from any thread: the first call of a step begins
+  //! the reduction for `owner` (collective, as `start_grad_sync`), and every call marks parameter
+  //! `index` ready. Throws `invalid_argument` if another owner's reduction is pending.
+  template <parameter_set Params, reducer Reducer>
+  void grad_ready_for(const void* owner, Params& params, const Reducer& reducer,
+                      grad_sync_options options, std::size_t index) {
+    const std::lock_guard lock(sync_->mutex());
+    if (!sync_->pending()) {
+      start_locked(params, reducer, options, owner);
+    } else {
+      sync_->require_owner(checks(), owner, index);
+    }
+    reread_and_mark(params, index);
+  }
+
+  //! Gradient `index` of the views given to `start_grad_sync` is final.
+  void grad_ready(std::size_t index) {
+    const std::lock_guard lock(sync_->mutex());
+    sync_->require_pending(checks(), "grad_ready");
+    sync_->mark(index);
+  }
+
+  //! Marks every gradient not yet ready as ready (in index order). This order is never learned:
+  //! it says nothing of when backward produces the gradients.
+  void mark_all_ready() {
+    const std::lock_guard lock(sync_->mutex());
+    sync_->require_pending(checks(), "grad_ready");
+    sync_->mark_rest_ready();
+  }
+
+  //! Marks the rest ready, and waits until every bucket is reduced. Collective. Rethrows the
+  //! first error on every rank (a gradient whose size changed on one rank throws everywhere).
+  void wait_grad_sync() {
+    {
+      const std::lock_guard lock(sync_->mutex());
+      sync_->require_pending(checks(), "wait");
+      sync_->mark_rest_ready();
+    }
+    sync_->finish();
+  }
+
+  //! Ends a pending overlapped reduction without sending what was not marked ready: a rank must
+  //! never send a gradient its backward did not produce. The buckets already on their way are
+  //! finished; at the next bucket (or at the end) every rank gets an error naming this rank and
+  //! `why`. With the agreement check off, this rank skips the rest and its peers wait for it
+  //! until the timeout ends the job. Does nothing if no reduction is pending.
+  void abandon_grad_sync(std::string_view why) noexcept {
+    if (sync_) {
+      sync_->abandon(why);
+    }
+  }
+
+  //! Checks gradients about to be reduced from copies (collective, as `allreduce_grad` checks its
+  //! own): a wrapper that must refuse a step before it touches anything calls this first.
+  template <reducer Reducer>
+  void validate_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
+                          missing_grad missing) {
+    detail::operation_scope scope("allreduce_grad");
+    sync_->validate_copies(checks(), slots, reduction_table(reducer, size()), missing);
+  }
+
+  //! Whether an overlapped reduction has begun and not been waited on.
+  bool grad_sync_pending() const noexcept { return sync_ != nullptr && sync_->pending(); }
+
+  //! Whether every bucket of the pending overlapped reduction is reduced (or none is pending):
+  //! `wait_grad_sync` would then only agree on the end of the step. Does not wait for transfers.
+  bool grad_sync_complete() const { return sync_ == nullptr || sync_->complete(); }
+
+  //! Whether the pending overlapped reduction is `owner`'s.
+  bool grad_sync_pending_for(const void* owner) const noexcept {
+    return sync_ != nullptr && sync_->pending_for(owner);
+  }
+
+  //! Counts the overlapped reductions begun so far (what tells a request its own one).
+  std::uint64_t grad_sync_generation() const noexcept {
+    return sync_ != nullptr ? sync_->generation() : 0;
+  }
+
+  //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
+  std::size_t bucket_buffer_bytes() const noexcept { return sync_->bucket_buffer_bytes(); }
+
+  //! Buckets (collectives) per step of the last layout reduced (0 for device strategies).
+  std::size_t bucket_count() const noexcept { return sync_->bucket_count(); }
+
+protected:
+  //! For a strategy whose `exchange` uses members of its own: abandons a pending reduction
+  //! before they go (from its destructor).
+  void finish_overlap() noexcept { abandon_grad_sync("its communicator was destroyed"); }
+
+  //! Whether the strategy reduces device memory (it says so with `static constexpr bool
+  //! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
+  //! host strategy exchanges buckets, and can overlap them with backward. A function, not a
+  //! concept: nvcc caches a concept's answer, and it would ask while the strategy is incomplete.
+  static constexpr bool device_strategy() {
+    return requires {
+      requires Strategy::reduces_gpu_memory;
+    };
+  }
+
+  //! The communicators the gradient buckets travel on: duplicates of mpi_comm(), intra_comm()
+  //! and inter_comm(), so that cohort's thread never shares a communicator with the caller's.
+  const boost::mpi::communicator& grad_comm() const noexcept { return grad_world_; }
+  const boost::mpi::communicator& grad_intra_comm() const noexcept { return grad_intra_; }
+  const boost::mpi::communicator& grad_inter_comm() const noexcept { return grad_inter_; }
+
+private:
+  Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
+
+  // The strategy as the engine sees it.
+  detail::strategy_ref strategy() noexcept {
+    detail::strategy_ref s;
+    s.self = &self();
+    if constexpr (device_strategy()) {
+      s.reduce_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
+        static_cast<Strategy*>(p)->reduce_gradients(slots, t);
+      };
+    } else {
+      s.exchange = [](void* p, tensor_view bucket, reduce_op op) {
+        static_cast<Strategy*>(p)->exchange(bucket, op);
+      };
+      if constexpr (requires(Strategy & st, const detail::bucket& b) { st.prepare_exchange(b); }) {
+        s.prepare = [](void* p, const detail::bucket& b) {
+          static_cast<Strategy*>(p)->prepare_exchange(b);
+        };
+      }
+    }
+    return s;
+  }
+
+  // What this rank's own checks find in the slots read: memory the strategy cannot reduce (a
+  // strategy may declare `void check_gradient_memory(const grad_slot&)`, which throws
+  // `invalid_argument`). Agreed on with the layout, so that it is an error on every rank.
+  std::string local_problem() {
+    return detail::local_checks([&] {
+      for (const grad_slot& slot : sync_->slots()) {
+        if (slot.state != slot_state::ok || slot.grad.count == 0) {
+          continue;
+        }
+        checks().require_location(slot.grad.location, device_strategy(), "allreduce_grad");
+        if constexpr (requires(Strategy & s, const grad_slot& g) { s.check_gradient_memory(g); }) {
+          self().check_gradient_memory(slot);
+        }
+      }
+    });
+  }
+
+  void require_overlap_possible(const void* owner) {
+    static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
+    sync_->require_overlap_possible(checks(), owner);
+  }
+
+  // Under the engine's mutex.
+  template <parameter_set Params, reducer Reducer>
+  void start_locked(Params& params, const Reducer& reducer, grad_sync_options options,
+                    const void* owner) {
+    detail::operation_scope scope("allreduce_grad");
+    require_overlap_possible(owner);
+    collect_gradients(params, options.missing, sync_->slots(), sync_->names());
+    sync_->begin(checks(), strategy(), grad_world_, reduction_table(reducer, size()),
+                 options.missing, owner, local_problem());
+  }
+
+  // Under the engine's mutex: reads parameter `index` again (O(1) where the set is random
+  // access) and marks it ready.
+  template <parameter_set Params>
+  void reread_and_mark(Params& params, std::size_t index) {
+    if (!sync_->needs_reread(index)) {
+      sync_->mark(index);
+      return;
+    }
+    auto it = std::ranges::begin(params);
+    std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
+    sync_->mark_reread(index, detail::collect_one(*it, sync_->missing()));
+  }
+
+  static detail::bucket_limits bucketing(const communicator_options& options) {
+    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
+      return Strategy::bucket_limits_for(options);
+    } else {
+      return {options.bucket_bytes, options.first_bucket_bytes,
+              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
+    }
+  }
+
+  boost::mpi::communicator grad_world_;
+  boost::mpi::communicator grad_intra_;
+  boost::mpi::communicator grad_inter_;
+  std::unique_ptr<detail::grad_sync> sync_;
+};
+
+//! A communicator of strategy `Strategy` over all the processes (`MPI_COMM_WORLD`). Collective.
+template <class Strategy>
+Strategy make_communicator(communicator_options options = {}) {
+  return Strategy(boost::mpi::communicator(), options);
+}
+
+//! A communicator of strategy `Strategy` over the processes of `comm`. Collective over `comm`.
+template <class Strategy>
+Strategy make_communicator(const boost::mpi::communicator& comm,
+                           communicator_options options = {}) {
+  return Strategy(comm, options);
+}
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What every communicator has whatever its strategy: the topology, and the collectives of host
+// tensors and of serializable objects, each behind the checks (detail/checks.hpp). Not a
+// template, so that it is compiled once; basic_communicator<Strategy> adds what depends on the
+// strategy (construction, parameters and gradients).
+
+#include <cohort/communicator/detail/checks.hpp>
+#include <cohort/communicator/detail/object_collectives.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/communicator/topology.hpp>
+#include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
+#include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/concepts.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/communicator.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+namespace detail {
+template <class T>
+constexpr bool may_live_on_host() {
+  if constexpr (statically_located_tensor<T>) {
+    return traits_of<T>::location != memory_location::device;
+  } else {
+    return true;
+  }
+}
+} // namespace detail
+
+//! A tensor that may be in host memory: any tensor but one whose type says it lives on the
+//! device. Host-only strategies take these, so device memory fails to compile where it can.
+template <class T>
+concept host_tensor = tensor<T> && detail::may_live_on_host<T>();
+
+//! The strategy-independent half of every communicator (see basic_communicator).
+class communicator_base {
+public:
+  int rank() const noexcept { return layout_.topo.rank; }
+  int size() const noexcept { return layout_.topo.size; }
+  int intra_rank() const noexcept { return layout_.topo.intra_rank; }
+  int intra_size() const noexcept { return layout_.topo.intra_size; }
+  int inter_rank() const noexcept { return layout_.topo.inter_rank; }
+  int inter_size() const noexcept { return layout_.topo.inter_size; }
+  const cohort::topology& topology() const noexcept { return layout_.topo; }
+
+  //! The Boost.MPI communicator underneath (cohort's duplicate), for the user's own MPI calls.
+  //! Its error handler is MPI_ERRORS_RETURN (cohort turns errors into exceptions): a raw MPI call
+  //! on it returns an error code instead of aborting, so check the codes.
+  const boost::mpi::communicator& mpi_comm() const noexcept { return comm_; }
+  //! The ranks of this node, and the ranks with the same intra_rank across nodes.
+  const boost::mpi::communicator& intra_comm() const noexcept { return layout_.intra; }
+  const boost::mpi::communicator& inter_comm() const noexcept { return layout_.inter; }
+  const communicator_options& options() const noexcept { return checks_.options(); }
+
+  //! Returns once every rank has called it. A rank that never comes ends the job after the
+  //! timeout, naming it.
+  void barrier() const {
+    detail::operation_scope scope("barrier");
+    std::array<std::uint64_t, 1> nothing{};
+    detail::liveness& live = checks_.live();
+    live.allreduce_max(detail::waiter::caller, nothing, "barrier",
+                       live.next_sequence(detail::waiter::caller));
+  }
+
+  // ---- tensor collectives ------------------------------------------------------------------
+
+  //! Reduces `t` over all ranks, in place.
+  template <writable_tensor T>
+  requires host_tensor<T>
+  void allreduce(T& t, reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("allreduce");
+    const tensor_view v = agreed_view(t, "allreduce", static_cast<int>(op), "op");
+    const auto watch = checks_.watch_transfer("allreduce", v.size_bytes());
+    mpi::allreduce(comm_, v, op);
+  }
+
+  //! Non-blocking `allreduce`: `t` must not be touched until the request is waited on.
+  template <writable_tensor T>
+  requires host_tensor<T> mpi::request iallreduce(T& t, reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("iallreduce");
+    return mpi::iallreduce(comm_, agreed_view(t, "iallreduce", static_cast<int>(op), "op"), op);
+  }
+
+  //! Copies `t` from `root` to every rank.
+  template <writable_tensor T>
+  requires host_tensor<T>
+  void broadcast(T& t, int root = 0) {
+    detail::operation_scope scope("broadcast");
+    const tensor_view v = agreed_view(t, "broadcast", root, "root", true);
+    const auto watch = checks_.watch_transfer("broadcast", v.size_bytes());
+    mpi::broadcast(comm_, v, root);
+  }
+
+  //! Non-blocking `broadcast`.
+  template <writable_tensor T>
+  requires host_tensor<T> mpi::request ibroadcast(T& t, int root = 0) {
+    detail::operation_scope scope("ibroadcast");
+    return mpi::ibroadcast(comm_, agreed_view(t, "ibroadcast", root, "root", true), root);
+  }
+
+  //! Gathers every rank's `in` into `out` (size() * in's size elements, rank r's at r * n).
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void allgather(const In& in, Out& out) {
+    detail::operation_scope scope("allgather");
+    const auto [i, o] = agreed_blocks(in, out, "allgather", false, 0, "");
+    const auto watch = checks_.watch_transfer("allgather", o.size_bytes());
+    mpi::allgather(comm_, i, o);
+  }
+
+  //! Non-blocking `allgather`.
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out> mpi::request iallgather(const In& in, Out& out) {
+    detail::operation_scope scope("iallgather");
+    const auto [i, o] = agreed_blocks(in, out, "iallgather", false, 0, "");
+    return mpi::iallgather(comm_, i, o);
+  }
+
+  //! Reduces `in` (size() * n elements) over all ranks; rank r gets block r in `out` (n).
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("reduce_scatter");
+    const auto [i, o] = agreed_blocks(in, out, "reduce_scatter", true, static_cast<int>(op), "op");
+    const auto watch = checks_.watch_transfer("reduce_scatter", i.size_bytes());
+    mpi::reduce_scatter(comm_, i, o, op);
+  }
+
+  //! Sends `t` to `dest`.
+  template <tensor T>
+  requires host_tensor<T>
+  void send(const T& t, int dest, int tag = 0) {
+    detail::operation_scope scope("send");
+    checks_.check_peer(dest, "send");
+    const const_tensor_view v = host_const_view(t, "send");
+    const auto watch = checks_.watch_point_to_point("send", v.size_bytes());
+    mpi::send(comm_, v, dest, tag);
+  }
+
+  //! Non-blocking `send`.
+  template <tensor T>
+  requires host_tensor<T> mpi::request isend(const T& t, int dest, int tag = 0) {
+    detail::operation_scope scope("isend");
+    checks_.check_peer(dest, "isend");
+    return mpi::isend(comm_, host_const_view(t, "isend"), dest, tag);
+  }
+
+  //! Receives into `t` from `source`; a message of another size throws and stays queued.
+  template <writable_tensor T>
+  requires host_tensor<T>
+  void recv(T& t, int source, int tag = 0) {
+    detail::operation_scope scope("recv");
+    checks_.check_peer(source, "recv");
+    const tensor_view v = host_view(t, "recv");
+    const auto watch = checks_.watch_point_to_point("recv", v.size_bytes());
+    mpi::recv(comm_, v, source, tag);
+  }
+
+  //! Non-blocking `recv`.
+  template <writable_tensor T>
+  requires host_tensor<T> mpi::request irecv(T& t, int source, int tag = 0) {
+    detail::operation_scope scope("irecv");
+    checks_.check_peer(source, "irecv");
+    return mpi::irecv(comm_, host_view(t, "irecv"), source, tag);
+  }
+
+  // ---- object collectives (Boost.Serialization; see detail/object_collectives.hpp) -----------
+
+  //! Returns `root`'s `obj` on every rank.
+  template <class T>
+  T bcast_obj(const T& obj, int root = 0) {
+    return detail::bcast_obj(checks_, comm_, obj, root);
+  }
+  //! Every rank's `obj` at `root`, in rank order; an empty vector elsewhere.
+  template <class T>
+  std::vector<T> gather_obj(const T& obj, int root = 0) {
+    return detail::gather_obj(checks_, comm_, obj, root);
+  }
+  //! Every rank's `obj` on every rank, in rank order.
+  template <class T>
+  std::vector<T> allgather_obj(const T& obj) {
+    return detail::allgather_obj(checks_, comm_, obj);
+  }
+  //! Combines every rank's `obj` with `op` (by default `+`), on every rank.
+  template <class T, class Op = std::plus<T>>
+  T allreduce_obj(const T& obj, Op op = {}) {
+    return detail::allreduce_obj(checks_, comm_, obj, op);
+  }
+  template <class T>
+  void send_obj(const T& obj, int dest, int tag = 0) {
+    detail::send_obj(checks_, comm_, obj, dest, tag);
+  }
+  template <class T>
+  T recv_obj(int source, int tag = 0) {
+    return detail::recv_obj<T>(checks_, comm_, source, tag);
+  }
+
+protected:
+  //! Starts the rendezvous (collective over `comm`); `connect` makes the rest once the ranks
+  //! have agreed on the strategy and the options.
+  communicator_base(const boost::mpi::communicator& comm, const communicator_options& options)
+      : checks_(comm, options) {}
+
+  communicator_base(communicator_base&&) noexcept = default;
+  communicator_base& operator=(communicator_base&&) noexcept = default;
+  ~communicator_base() = default;
+
+  //! Duplicates `comm` (so that cohort's messages never match the user's) and works out the
+  //! topology. Collective over `comm`.
+  void connect(const boost::mpi::communicator& comm) {
+    const detail::watch_scope watch(checks_.live().slot(detail::waiter::caller),
+                                    "communicator creation",
+                                    checks_.live().sequence(detail::waiter::caller), 0, true);
+    comm_ = checked_duplicate(comm);
+    layout_ = discover_topology(comm_, options().simulated_ranks_per_node);
+  }
+
+  //! The checks, for a strategy's own front doors (the device strategies' collectives).
+  const detail::checks& checks() const noexcept { return checks_; }
+
+  template <class Checks>
+  static std::string local_checks(Checks&& checks) {
+    return detail::local_checks(std::forward<Checks>(checks));
+  }
+  template <class Describe>
+  void settle(const char* operation, std::uint64_t hash, Describe&& describe,
+              const std::string& problem, std::size_t bytes = 0) const {
+    checks_.settle(operation, hash, std::forward<Describe>(describe), problem, bytes);
+  }
+  void agree(const char* operation, std::size_t count, dtype type, int detail_value,
+             std::string_view detail_name, const std::string& problem = {}) const {
+    checks_.agree(operation, count, type, detail_value, detail_name, problem);
+  }
+  detail::watch_scope watch_transfer(const char* operation, std::size_t bytes) const noexcept {
+    return checks_.watch_transfer(operation, bytes);
+  }
+  void check_root(int root, std::string_view operation) const {
+    checks_.check_root(root, operation);
+  }
+  void check_peer(int peer, std::string_view operation) const {
+    checks_.check_peer(peer, operation);
+  }
+  void check_blocks(const_tensor_view block, const_tensor_view whole,
+                    std::string_view operation) const {
+    checks_.check_blocks(block, whole, operation);
+  }
+  void require_device(memory_location location, std::string_view operation) const {
+    checks_.require_location(location, true, operation);
+  }
+  void require_host(memory_location location, std::string_view operation) const {
+    checks_.require_location(location, false, operation);
+  }
+
+  template <class T>
+  tensor_view host_view(T& t, std::string_view what) const {
+    const tensor_view v = make_view(t, what);
+    require_host(v.location, what);
+    return v;
+  }
+  template <class T>
+  const_tensor_view host_const_view(const T& t, std::string_view what) const {
+    const const_tensor_view v = make_const_view(t, what);
+    require_host(v.location, what);
+    return v;
+  }
+
+  static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
+    detail::require_mpi();
+    MPI_Comm duplicate = MPI_COMM_NULL;
+    mpi::check(MPI_Comm_dup(comm, &duplicate), "MPI_Comm_dup", comm);
+    return detail::adopt(duplicate);
+  }
+
+private:
+  // A front door's view of one tensor, checked locally and then agreed on by every rank (its
+  // count, dtype and one detail: the op, or the root when `rooted`).
+  template <class T>
+  tensor_view agreed_view(T& t, const char* operation, int value, std::string_view name,
+                          bool rooted = false) {
+    tensor_view v;
+    const std::string problem = detail::local_checks([&] {
+      v = host_view(t, operation);
+      if (rooted) {
+        checks_.check_root(value, operation);
+      }
+    });
+    checks_.agree(operation, v.count, v.type, value, name, problem);
+    return v;
+  }
+
+  // The same for a per-rank block and a size()-rank whole (allgather: in is the block; reduce-
+  // scatter: out is).
+  template <class In, class Out>
+  std::pair<const_tensor_view, tensor_view> agreed_blocks(const In& in, Out& out,
+                                                          const char* operation, bool out_is_block,
+                                                          int value, std::string_view name) {
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = detail::local_checks([&] {
+      i = host_const_view(in, operation);
+      o = host_view(out, operation);
+      out_is_block ? checks_.check_blocks(o, i, operation) : checks_.check_blocks(i, o, operation);
+    });
+    const const_tensor_view block = out_is_block ? const_tensor_view(o) : i;
+    checks_.agree(operation, block.count, block.type, value, name, problem);
+    return {i, o};
+  }
+
+  detail::checks checks_; // first: its liveness goes last, after cohort's thread
+  boost::mpi::communicator comm_;
+  node_layout layout_;
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

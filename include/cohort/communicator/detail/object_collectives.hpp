@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Collectives of any serializable object (Boost.Serialization), behind the front door's checks.
+// A serialization that fails on one rank would leave the others inside the collective: after
+// the ranks agreed, a failure ends the job.
+
+#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/detail/checks.hpp>
+#include <cohort/config.hpp>
+#include <cohort/detail/operation.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/collectives.hpp>
+#include <boost/mpi/communicator.hpp>
+
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+template <class T>
+T bcast_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, int root) {
+  operation_scope scope("bcast_obj");
+  c.agree_root("bcast_obj", root);
+  T value = c.rank() == root ? obj : T{};
+  const auto watch = c.watch_transfer("bcast_obj", 0);
+  c.fatal_on_failure("bcast_obj", [&] {
+    mpi::translate("bcast_obj", comm, [&] { boost::mpi::broadcast(comm, value, root); });
+  });
+  return value;
+}
+
+template <class T>
+std::vector<T> gather_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj,
+                          int root) {
+  operation_scope scope("gather_obj");
+  c.agree_root("gather_obj", root);
+  std::vector<T> all;
+  const auto watch = c.watch_transfer("gather_obj", 0);
+  c.fatal_on_failure("gather_obj", [&] {
+    mpi::translate("gather_obj", comm, [&] { boost::mpi::gather(comm, obj, all, root); });
+  });
+  return all;
+}
+
+template <class T>
+std::vector<T> allgather_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj) {
+  operation_scope scope("allgather_obj");
+  c.settle("allgather_obj", fingerprint{}.add("allgather_obj").value(), nullptr, {});
+  const auto watch = c.watch_transfer("allgather_obj", 0);
+  std::vector<T> all;
+  c.fatal_on_failure("allgather_obj", [&] {
+    mpi::translate("allgather_obj", comm, [&] { boost::mpi::all_gather(comm, obj, all); });
+  });
+  return all;
+}
+
+template <class T, class Op>
+T allreduce_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, Op op) {
+  operation_scope scope("allreduce_obj");
+  c.settle("allreduce_obj", fingerprint{}.add("allreduce_obj").value(), nullptr, {});
+  const auto watch = c.watch_transfer("allreduce_obj", 0);
+  T result{};
+  c.fatal_on_failure("allreduce_obj", [&] {
+    mpi::translate("allreduce_obj", comm, [&] { boost::mpi::all_reduce(comm, obj, result, op); });
+  });
+  return result;
+}
+
+template <class T>
+void send_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, int dest,
+              int tag) {
+  operation_scope scope("send_obj");
+  c.check_peer(dest, "send_obj");
+  const auto watch = c.watch_point_to_point("send_obj", 0);
+  mpi::translate("send_obj", comm, [&] { comm.send(dest, tag, obj); });
+}
+
+template <class T>
+T recv_obj(const checks& c, const boost::mpi::communicator& comm, int source, int tag) {
+  operation_scope scope("recv_obj");
+  c.check_peer(source, "recv_obj");
+  T obj{};
+  const auto watch = c.watch_point_to_point("recv_obj", 0);
+  mpi::translate("recv_obj", comm, [&] { comm.recv(source, tag, obj); });
+  return obj;
+}
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
