@@ -76,11 +76,11 @@ public:
   //! host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!detail::parameter_layout::any_on_device(params)) {
+    if (!detail::device_parameter_layout::any_on_device(params)) {
       return base::broadcast_parameters(params, root);
     }
     detail::operation_scope scope("broadcast_parameters");
-    detail::parameter_layout layout;
+    detail::device_parameter_layout layout;
     const std::string problem = local_checks([&] {
       check_root(root, "broadcast_parameters");
       layout.collect(params, rank());

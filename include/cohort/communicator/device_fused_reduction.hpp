@@ -86,7 +86,7 @@ private:
 //! fingerprint and the description cover what the host strategies' broadcast covers (the root,
 //! every name, size and dtype) and the memory too, so that a rank whose parameters are in host
 //! memory (and which takes the host path) meets a mismatch_error, not a different collective.
-class parameter_layout {
+class device_parameter_layout {
 public:
   //! Whether any parameter's value is in device or managed memory, by its type's (or its
   //! pointer's) say only: never throws for a bad tensor, so that every rank can take this

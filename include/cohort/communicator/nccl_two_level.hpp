@@ -98,11 +98,11 @@ public:
   //! memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!parameter_layout::any_on_device(params)) {
+    if (!device_parameter_layout::any_on_device(params)) {
       return basic_communicator<Strategy>::broadcast_parameters(params, root);
     }
     operation_scope scope("broadcast_parameters");
-    parameter_layout layout;
+    device_parameter_layout layout;
     const std::string problem = this->local_checks([&] {
       this->check_root(root, "broadcast_parameters");
       layout.collect(params, this->rank());
