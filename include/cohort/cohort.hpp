@@ -5,13 +5,13 @@
 //! <cohort/cuda.hpp>, for translation units compiled by nvcc.
 
 #include <cohort/communicator/any_communicator.hpp>
+#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/hierarchical.hpp>
 #include <cohort/communicator/links.hpp>
-#include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/naive.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>

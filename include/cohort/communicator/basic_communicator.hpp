@@ -71,9 +71,6 @@ public:
     // Same name, other template arguments (hierarchical<Intra, Inter>): the type tells.
     checks().agree_on_options(name, typeid(Strategy).name());
     connect(comm);
-    grad_world_ = checked_duplicate(mpi_comm());
-    grad_intra_ = checked_duplicate(intra_comm());
-    grad_inter_ = checked_duplicate(inter_comm());
   }
 
   //! A reduction still pending on `other` is abandoned first: cohort's thread reads the
@@ -81,9 +78,6 @@ public:
   basic_communicator(basic_communicator&& other) noexcept
       : communicator_base(
             (other.abandon_grad_sync("its communicator was moved from"), std::move(other)))
-      , grad_world_(std::move(other.grad_world_))
-      , grad_intra_(std::move(other.grad_intra_))
-      , grad_inter_(std::move(other.grad_inter_))
       , sync_(std::move(other.sync_)) {}
 
   //! Abandons a reduction pending on either side, then takes `other`'s place (this rank leaves
@@ -93,9 +87,6 @@ public:
       abandon_grad_sync("its communicator was replaced by move assignment");
       other.abandon_grad_sync("its communicator was moved from");
       sync_ = std::move(other.sync_);
-      grad_inter_ = std::move(other.grad_inter_);
-      grad_intra_ = std::move(other.grad_intra_);
-      grad_world_ = std::move(other.grad_world_);
       communicator_base::operator=(std::move(other));
     }
     return *this;
@@ -139,13 +130,8 @@ public:
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
     detail::operation_scope scope("broadcast_parameters");
-    detail::parameter_layout layout;
-    const std::string problem = detail::local_checks([&] {
-      checks().check_root(root, "broadcast_parameters");
-      layout.collect(params,
-                     [&](auto& value, const std::string& what) { return host_view(value, what); });
-    });
-    detail::agree_on_parameters(checks(), layout, root, problem);
+    const detail::parameter_layout layout = agreed_parameters(
+        params, root, [&](auto& value, const std::string& what) { return host_view(value, what); });
     detail::broadcast_host_values(checks(), mpi_comm(), layout.values, root);
   }
 
@@ -209,7 +195,7 @@ public:
     const std::lock_guard lock(sync_->mutex());
     require_overlap_possible(owner);
     sync_->slots().assign(slots.begin(), slots.end());
-    sync_->begin(checks(), strategy(), grad_world_, reduction_table(reducer, size()),
+    sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
                  missing_grad::report, owner, local_problem());
   }
 
@@ -301,15 +287,50 @@ public:
   }
 
   //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
-  std::size_t bucket_buffer_bytes() const noexcept { return sync_->bucket_buffer_bytes(); }
+  std::size_t bucket_buffer_bytes() const noexcept {
+    return sync_ != nullptr ? sync_->bucket_buffer_bytes() : 0;
+  }
 
   //! Buckets (collectives) per step of the last layout reduced (0 for device strategies).
-  std::size_t bucket_count() const noexcept { return sync_->bucket_count(); }
+  std::size_t bucket_count() const noexcept { return sync_ != nullptr ? sync_->bucket_count() : 0; }
 
 protected:
   //! For a strategy whose `exchange` uses members of its own: abandons a pending reduction
   //! before they go (from its destructor).
   void finish_overlap() noexcept { abandon_grad_sync("its communicator was destroyed"); }
+
+  //! The start of every `broadcast_parameters`: reads `params`, each value through
+  //! `view(value, what)` (which throws `invalid_argument` for memory this path cannot move), and
+  //! agrees with the other ranks on the root and the layout (collective). A problem on any rank
+  //! throws on every rank, before anything moves.
+  template <parameter_set Params, class View>
+  detail::parameter_layout agreed_parameters(Params& params, int root, View&& view) const {
+    detail::parameter_layout layout;
+    const std::string problem = detail::local_checks([&] {
+      checks().check_root(root, "broadcast_parameters");
+      layout.collect(params, view);
+    });
+    detail::agree_on_parameters(checks(), layout, root, problem);
+    return layout;
+  }
+
+  //! `agreed_parameters` for a device strategy's own path (taken when
+  //! `detail::any_parameter_on_device`): every value in device memory, and `check(view, what)`
+  //! for what else the strategy asks of it.
+  template <parameter_set Params, class Check>
+  detail::parameter_layout agreed_device_parameters(Params& params, int root, Check&& check) const {
+    return agreed_parameters(params, root, [&](auto& value, const std::string& what) {
+      const tensor_view v = make_view(value, what);
+      if (v.location == memory_location::host) {
+        throw invalid_argument("cohort: broadcast_parameters on rank " + std::to_string(rank()) +
+                               ": " + what +
+                               " is in host memory but others are in device memory; keep a "
+                               "model's parameters in one kind of memory");
+      }
+      check(v, what);
+      return v;
+    });
+  }
 
   //! Whether the strategy reduces device memory (it says so with `static constexpr bool
   //! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
@@ -320,12 +341,6 @@ protected:
       requires Strategy::reduces_gpu_memory;
     };
   }
-
-  //! The communicators the gradient buckets travel on: duplicates of mpi_comm(), intra_comm()
-  //! and inter_comm(), so that cohort's thread never shares a communicator with the caller's.
-  const boost::mpi::communicator& grad_comm() const noexcept { return grad_world_; }
-  const boost::mpi::communicator& grad_intra_comm() const noexcept { return grad_intra_; }
-  const boost::mpi::communicator& grad_inter_comm() const noexcept { return grad_inter_; }
 
 private:
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
@@ -380,7 +395,7 @@ private:
     detail::operation_scope scope("allreduce_grad");
     require_overlap_possible(owner);
     collect_gradients(params, options.missing, sync_->slots(), sync_->names());
-    sync_->begin(checks(), strategy(), grad_world_, reduction_table(reducer, size()),
+    sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
                  options.missing, owner, local_problem());
   }
 
@@ -406,9 +421,6 @@ private:
     }
   }
 
-  boost::mpi::communicator grad_world_;
-  boost::mpi::communicator grad_intra_;
-  boost::mpi::communicator grad_inter_;
   std::unique_ptr<detail::grad_sync> sync_;
 };
 

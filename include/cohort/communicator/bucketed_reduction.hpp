@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace cohort {
@@ -68,6 +69,10 @@ public:
     }
     found->used = clock_;
     current_ = &*found;
+    if (has_learned_ && learned_key_ == key && !found->learned) {
+      learn_order(slots, learned_, reduction);
+      has_learned_ = false;
+    }
     return found->plan;
   }
 
@@ -84,6 +89,15 @@ public:
     }
     build(*current_, slots, order, reduction);
     return true;
+  }
+
+  //! An order seen in a step of the current layout (rank 0's, so the same on every rank): the
+  //! plan is rebuilt in it at the next `prepare` of this layout, before that step's agreement (a
+  //! rebuild allocates, and may fail).
+  void remember_order(std::span<const std::int64_t> order) {
+    learned_.assign(order.begin(), order.end());
+    learned_key_ = current_key();
+    has_learned_ = true;
   }
 
   //! The plan of the last layout prepared.
@@ -138,6 +152,21 @@ public:
     for (std::size_t b = 0; b < plan.buckets().size(); ++b) {
       reduce_bucket(b, slots, exchange);
     }
+  }
+
+  //! Bucket `b` of the current plan, for a mismatch message: its size, its wire dtype and its
+  //! members.
+  std::vector<signature_entry> describe_bucket(std::size_t b,
+                                               std::span<const grad_slot> slots) const {
+    const bucket_plan& plan = current_->plan;
+    const bucket& k = plan.buckets()[b];
+    std::string members;
+    for (const std::size_t s : plan.members(k)) {
+      members += (members.empty() ? "" : ", ") + slot_label(slots[s]);
+    }
+    return {{"bucket " + std::to_string(b) + " of " + std::to_string(plan.buckets().size()),
+             describe_tensor(k.count, k.plan.wire) + " on the wire, " +
+                 (k.in_place ? "in place" : "packed") + " from " + members}};
   }
 
   //! Bytes held by the current layout's bucket buffers (for tests and memory accounting).
@@ -204,6 +233,9 @@ private:
   entry* current_ = nullptr;
   std::uint64_t clock_ = 0;
   std::vector<std::size_t> order_;
+  std::vector<std::size_t> learned_; // an order to rebuild a plan with, at its next prepare
+  std::uint64_t learned_key_ = 0;    // of the layout it was seen on
+  bool has_learned_ = false;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
 };

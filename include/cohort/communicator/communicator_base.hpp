@@ -229,7 +229,16 @@ protected:
                                     checks_.live().sequence(detail::waiter::caller), 0, true);
     comm_ = checked_duplicate(comm);
     layout_ = discover_topology(comm_, options().simulated_ranks_per_node);
+    grad_world_ = checked_duplicate(comm_);
+    grad_intra_ = checked_duplicate(layout_.intra);
+    grad_inter_ = checked_duplicate(layout_.inter);
   }
+
+  //! The communicators the gradient buckets travel on: duplicates of mpi_comm(), intra_comm()
+  //! and inter_comm(), so that cohort's thread never shares a communicator with the caller's.
+  const boost::mpi::communicator& grad_comm() const noexcept { return grad_world_; }
+  const boost::mpi::communicator& grad_intra_comm() const noexcept { return grad_intra_; }
+  const boost::mpi::communicator& grad_inter_comm() const noexcept { return grad_inter_; }
 
   //! The checks, for a strategy's own front doors (the device strategies' collectives).
   const detail::checks& checks() const noexcept { return checks_; }
@@ -322,9 +331,12 @@ private:
     return {i, o};
   }
 
-  detail::checks checks_; // first: its liveness goes last, after cohort's thread
+  detail::checks checks_; // first: made first (the rest is made under its rendezvous), gone last
   boost::mpi::communicator comm_;
   node_layout layout_;
+  boost::mpi::communicator grad_world_;
+  boost::mpi::communicator grad_intra_;
+  boost::mpi::communicator grad_inter_;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -76,24 +76,18 @@ public:
   //! host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!detail::device_parameter_layout::any_on_device(params)) {
+    if (!detail::any_parameter_on_device(params)) {
       return base::broadcast_parameters(params, root);
     }
     detail::operation_scope scope("broadcast_parameters");
-    detail::device_parameter_layout layout;
-    const std::string problem = local_checks([&] {
-      check_root(root, "broadcast_parameters");
-      layout.collect(params, rank());
-    });
-    settle(
-        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
-        problem);
+    const detail::parameter_layout layout =
+        agreed_device_parameters(params, root, [](const tensor_view&, const std::string&) {});
     // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
     const auto watch = watch_transfer("broadcast_parameters", 0);
     const cudaStream_t s = streams_.begin();
     broadcast_.run(
-        layout.values(), rank() == root, options().bucket_bytes, options().fusion_threshold_bytes,
-        s, [&](void* data, std::size_t bytes) {
+        layout.values, rank() == root, options().bucket_bytes, options().fusion_threshold_bytes, s,
+        [&](void* data, std::size_t bytes) {
           // MPI does not order itself on CUDA streams: on the root the pack (and the
           // user's work before it) must be done before MPI reads; elsewhere the unpack
           // of the last bucket, before MPI overwrites the buffer.

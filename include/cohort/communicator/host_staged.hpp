@@ -185,23 +185,17 @@ public:
   //! differ). Parameters in host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!detail::device_parameter_layout::any_on_device(params)) {
+    if (!detail::any_parameter_on_device(params)) {
       return base::broadcast_parameters(params, root);
     }
     detail::operation_scope scope("broadcast_parameters");
-    detail::device_parameter_layout layout;
-    const std::string problem = local_checks([&] {
-      check_root(root, "broadcast_parameters");
-      layout.collect(params, rank());
-    });
-    settle(
-        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
-        problem);
+    const detail::parameter_layout layout =
+        agreed_device_parameters(params, root, [](const tensor_view&, const std::string&) {});
     // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
     const auto watch = watch_transfer("broadcast_parameters", 0);
     const cudaStream_t s = streams_.begin();
     staging_.broadcast(
-        layout.values(), rank() == root, options().bucket_bytes, s,
+        layout.values, rank() == root, options().bucket_bytes, s,
         [&](void* host, std::size_t bytes) {
           mpi::broadcast(mpi_comm(), {host, bytes, dtype::uint8, memory_location::host}, root);
         });

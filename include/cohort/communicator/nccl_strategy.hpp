@@ -218,25 +218,17 @@ public:
   //! in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!device_parameter_layout::any_on_device(params)) {
+    if (!any_parameter_on_device(params)) {
       return base::broadcast_parameters(params, root);
     }
     operation_scope scope("broadcast_parameters");
-    device_parameter_layout layout;
-    const std::string problem = this->local_checks([&] {
-      this->check_root(root, "broadcast_parameters");
-      layout.collect(params, this->rank());
-      for (std::size_t i = 0; i < layout.values().size(); ++i) {
-        check_device(layout.values()[i].data, "parameter '" + layout.names()[i] + "'");
-      }
-    });
-    this->settle(
-        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
-        problem);
+    const parameter_layout layout = this->agreed_device_parameters(
+        params, root,
+        [&](const tensor_view& v, const std::string& what) { check_device(v.data, what); });
     // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
     const auto watch = this->watch_transfer("broadcast_parameters", 0);
     enqueue("broadcast_parameters", [&](nccl::communicator& c, cudaStream_t s) {
-      broadcast_.run(layout.values(), this->rank() == root, this->options().bucket_bytes,
+      broadcast_.run(layout.values, this->rank() == root, this->options().bucket_bytes,
                      this->options().fusion_threshold_bytes, s, [&](void* data, std::size_t bytes) {
                        nccl::broadcast(c, data, bytes, dtype::uint8, root, s);
                      });

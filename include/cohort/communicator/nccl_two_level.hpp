@@ -98,23 +98,17 @@ public:
   //! memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!device_parameter_layout::any_on_device(params)) {
+    if (!any_parameter_on_device(params)) {
       return basic_communicator<Strategy>::broadcast_parameters(params, root);
     }
     operation_scope scope("broadcast_parameters");
-    device_parameter_layout layout;
-    const std::string problem = this->local_checks([&] {
-      this->check_root(root, "broadcast_parameters");
-      layout.collect(params, this->rank());
-    });
-    this->settle(
-        "broadcast_parameters", layout.fingerprint(root), [&] { return layout.describe(); },
-        problem);
+    const parameter_layout layout =
+        this->agreed_device_parameters(params, root, [](const tensor_view&, const std::string&) {});
     // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
     const auto watch = this->watch_transfer("broadcast_parameters", 0);
     device_streams& streams = this->streams();
     const cudaStream_t s = streams.begin();
-    staging_.broadcast(layout.values(), this->rank() == root, this->options().bucket_bytes, s,
+    staging_.broadcast(layout.values, this->rank() == root, this->options().bucket_bytes, s,
                        [&](void* host, std::size_t bytes) {
                          mpi::broadcast(this->mpi_comm(),
                                         {host, bytes, dtype::uint8, memory_location::host}, root);

@@ -19,9 +19,11 @@
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/location.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
+#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -59,7 +61,9 @@ std::string local_checks(Checks&& checks) {
 }
 
 //! A communicator's rendezvous, its options and the checks built on them. Owns the liveness
-//! (behind a pointer, so that it stays where cohort's thread reads it when the communicator moves).
+//! behind a pointer: the watchdog thread reads its watch slots, which must stay put when the
+//! communicator moves. (cohort's reduction thread reads this object itself, so a communicator
+//! abandons a pending reduction before it moves.)
 class checks {
 public:
   checks(const boost::mpi::communicator& comm, const communicator_options& options)
@@ -169,6 +173,24 @@ public:
                       });
     if (!problem.empty()) {
       throw invalid_argument(problem);
+    }
+  }
+
+  //! Throws `error` unless MPI was started with MPI_THREAD_MULTIPLE, which a reduction on
+  //! cohort's own thread needs.
+  void require_thread_multiple() const {
+    int level = MPI_THREAD_SINGLE;
+    mpi::check(MPI_Query_thread(&level), "MPI_Query_thread", MPI_COMM_WORLD);
+    if (level < MPI_THREAD_MULTIPLE) {
+      static constexpr const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
+                                              "MPI_THREAD_SERIALIZED"};
+      throw error("cohort: overlapping allreduce_grad with backward on rank " +
+                  std::to_string(rank()) +
+                  " needs MPI started with MPI_THREAD_MULTIPLE (cohort reduces on a thread of "
+                  "its own), and it was started with " +
+                  std::string(level >= 0 && level < 3 ? names[level] : "a lower level") +
+                  ": create the environment as boost::mpi::environment env(argc, argv, "
+                  "boost::mpi::threading::multiple)");
     }
   }
 

@@ -110,7 +110,7 @@ public:
   void require_overlap_possible(const checks& c, const void* owner) {
     require_no_pending(c, "begin_allreduce_grad", owner);
     if (!threads_checked_) {
-      require_threads(c);
+      c.require_thread_multiple();
       threads_checked_ = true;
     }
     if (!worker_) {
@@ -260,7 +260,6 @@ public:
 
   bool pending() const noexcept { return pending_; }
   bool pending_for(const void* owner) const noexcept { return pending_ && owner_ == owner; }
-  const void* owner() const noexcept { return owner_; }
   std::uint64_t generation() const noexcept { return generation_; }
 
   //! Whether every bucket of the pending reduction is reduced (or none is pending).
@@ -302,7 +301,7 @@ public:
       f.add(b).add(k.count).add(static_cast<std::uint64_t>(k.plan.wire));
       c.settle_on(
           waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
-          [&] { return describe_bucket(b); }, k.count * size_of(k.plan.wire));
+          [&] { return reduction_.describe_bucket(b, slots_); }, k.count * size_of(k.plan.wire));
     }
     if (b >= abandoned_from_.load()) {
       return;
@@ -352,10 +351,6 @@ private:
   void prepare_buckets(const strategy_ref& s, const reduction_table& table, bool overlapped) {
     const std::span<const grad_slot> slots(slots_);
     reduction_.prepare(slots, table);
-    if (has_learned_ && learned_key_ == reduction_.current_key() && reduction_.learning()) {
-      reduction_.learn_order(slots, learned_, table);
-      has_learned_ = false;
-    }
     if (overlapped) {
       reduction_.own_buffers();
     }
@@ -363,22 +358,6 @@ private:
       for (const bucket& b : reduction_.plan().buckets()) {
         s.prepare(s.self, b);
       }
-    }
-  }
-
-  static void require_threads(const checks& c) {
-    int level = MPI_THREAD_SINGLE;
-    mpi::check(MPI_Query_thread(&level), "MPI_Query_thread", MPI_COMM_WORLD);
-    if (level < MPI_THREAD_MULTIPLE) {
-      static constexpr const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
-                                              "MPI_THREAD_SERIALIZED"};
-      throw error("cohort: overlapping allreduce_grad with backward on rank " +
-                  std::to_string(c.rank()) +
-                  " needs MPI started with MPI_THREAD_MULTIPLE (cohort reduces on a thread of "
-                  "its own), and it was started with " +
-                  std::string(level >= 0 && level < 3 ? names[level] : "a lower level") +
-                  ": create the environment as boost::mpi::environment env(argc, argv, "
-                  "boost::mpi::threading::multiple)");
     }
   }
 
@@ -397,9 +376,7 @@ private:
           world_, tensor_view{order.data(), order.size(), dtype::int64, memory_location::host}, 0);
     }
     if (order[0] == 1) {
-      learned_.assign(order.begin() + 1, order.end());
-      learned_key_ = reduction_.current_key();
-      has_learned_ = true;
+      reduction_.remember_order(std::span<const std::int64_t>(order).subspan(1));
     }
   }
 
@@ -431,19 +408,6 @@ private:
     }
   }
 
-  // Bucket b of the current plan, for a mismatch message: its size, its wire dtype, its members.
-  std::vector<signature_entry> describe_bucket(std::size_t b) const {
-    const bucket_plan& plan = reduction_.plan();
-    const bucket& k = plan.buckets()[b];
-    std::string members;
-    for (const std::size_t s : plan.members(k)) {
-      members += (members.empty() ? "" : ", ") + slot_label(slots_[s]);
-    }
-    return {{"bucket " + std::to_string(b) + " of " + std::to_string(plan.buckets().size()),
-             describe_tensor(k.count, k.plan.wire) + " on the wire, " +
-                 (k.in_place ? "in place" : "packed") + " from " + members}};
-  }
-
   bucketed_reduction reduction_;
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary
@@ -461,9 +425,6 @@ private:
   missing_grad missing_ = missing_grad::report;
   readiness readiness_;
   std::vector<std::int64_t> order_message_; // rank 0's order, broadcast while learning
-  std::vector<std::size_t> learned_;        // an order to rebuild the plan with, at the next step
-  std::uint64_t learned_key_ = 0;           // of the layout it was seen on
-  bool has_learned_ = false;
   // Buckets from here on were launched by `abandon`: their gradients were never marked ready,
   // so they are never sent.
   std::atomic<std::size_t> abandoned_from_{none};

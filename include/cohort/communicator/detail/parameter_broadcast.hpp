@@ -71,6 +71,19 @@ struct parameter_layout {
   }
 };
 
+//! Whether any parameter's value is in device or managed memory, by its type's (or its
+//! pointer's) say only: never throws for a bad tensor, so that every rank can take this decision
+//! before the front door's checks. A device strategy broadcasts such parameters on the device.
+template <parameter_set Params>
+bool any_parameter_on_device(Params& params) {
+  for (auto&& p : params) {
+    if (on_device(parameter_traits<std::remove_cvref_t<decltype(p)>>::value(p))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 //! The agreement every strategy's broadcast_parameters begins with (collective): the layouts
 //! and the root are the same on every rank, or every rank throws.
 inline void agree_on_parameters(const checks& c, const parameter_layout& layout, int root,
