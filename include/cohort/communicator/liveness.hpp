@@ -11,9 +11,11 @@
 //   messages of a collective the leaver did finish), naming the rank and why it left;
 // - past the timeout, the waiting rank asks every peer where it is; the ranks that answer are
 //   waiting too, the others had not arrived; it prints one line naming them and ends the job.
+// The control channel itself (notices, questions, answers) is detail/control_channel.hpp.
 // Blocking calls after the rendezvous (the data transfer itself) are watched by the process's
 // watchdog thread (watchdog.hpp).
 
+#include <cohort/communicator/detail/control_channel.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/terminate_handler.hpp>
 #include <cohort/detail/watchdog.hpp>
@@ -32,7 +34,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -65,48 +66,9 @@ public:
     install_terminate_handler();
     // Until the channels exist, the creation's own blocking calls are watched.
     const watch_scope watch(caller_slot_.get(), "communicator creation", 0, 0, false);
-    control_ = duplicate(comm);
-    caller_ = duplicate(comm);
-    reducer_ = duplicate(comm);
-    if (rank_ == 0) {
-      incarnation_ =
-          std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
-    }
-    mpi::check(MPI_Bcast(&incarnation_, 1, MPI_UINT64_T, 0, control_), "MPI_Bcast (incarnation)",
-               control_);
-    question_ = encode("where are you?");
-  }
-
-  //! Tells every peer that this rank leaves, and why (read by a peer only if it is still waiting
-  //! for this rank at a rendezvous).
-  ~liveness() {
-    if (!mpi_running() || size_ == 1) {
-      return;
-    }
-    try {
-      std::string reason = "its communicator was destroyed";
-      if (std::uncaught_exceptions() > 0) {
-        reason += " during the unwinding of an exception";
-      } else if (const std::exception_ptr current = std::current_exception()) {
-        try {
-          std::rethrow_exception(current);
-        } catch (const std::exception& e) {
-          reason += " while handling an exception: " + std::string(e.what());
-        } catch (...) {
-          reason += " while handling an exception";
-        }
-      }
-      const std::string notice = encode(reason);
-      for (int peer = 0; peer < size_; ++peer) {
-        if (peer != rank_) {
-          // Small enough to go eagerly: this never waits for the peer.
-          MPI_Send(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, leave_tag,
-                   control_);
-        }
-      }
-    } catch (...) {
-      // Out of memory while saying goodbye: the peers will find out through the timeout.
-    }
+    control_.open(comm);
+    caller_ = duplicate_returning_errors(comm);
+    reducer_ = duplicate_returning_errors(comm);
   }
 
   liveness(const liveness&) = delete;
@@ -239,7 +201,7 @@ public:
       }
       if (spins % 16 == 0) {
         const auto now = watch_clock::now();
-        read_control(operation, sequence);
+        control_.read(operation, sequence);
         check_departures(now, operation, sequence);
         if (timeout_.count() > 0 && now - start > timeout_) {
           time_out(who, requests, now - start, operation, sequence);
@@ -257,107 +219,19 @@ public:
 
 private:
   static constexpr int rendezvous_tag = 0x636f;
-  static constexpr int leave_tag = 1;
-  static constexpr int query_tag = 2;
-  static constexpr int answer_tag = 3;
-  static constexpr std::size_t max_notice = 512;
   static constexpr std::size_t message_words = 8;
-
-  static bool mpi_running() noexcept {
-    int initialized = 0;
-    int finalized = 0;
-    return MPI_Initialized(&initialized) == MPI_SUCCESS && initialized != 0 &&
-           MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0;
-  }
-
-  static boost::mpi::communicator duplicate(const boost::mpi::communicator& comm) {
-    MPI_Comm copy = MPI_COMM_NULL;
-    mpi::check(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup", comm);
-    mpi::return_errors(copy);
-    return boost::mpi::communicator(copy, boost::mpi::comm_take_ownership);
-  }
-
-  // A notice: the incarnation (8 bytes), then the text, cut to a bounded size.
-  std::string encode(std::string_view text) const {
-    std::string message(sizeof incarnation_, '\0');
-    std::memcpy(message.data(), &incarnation_, sizeof incarnation_);
-    message.append(text.substr(0, max_notice - sizeof incarnation_));
-    return message;
-  }
-
-  // Receives whatever notices have arrived: leaves are recorded, questions answered, answers
-  // kept. One thread at a time (both waiters may poll); the other skips.
-  void read_control(const char* operation, std::uint64_t sequence) {
-    const std::unique_lock lock(control_mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) {
-      return;
-    }
-    for (;;) {
-      int flag = 0;
-      MPI_Status status;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &status) != MPI_SUCCESS ||
-          flag == 0) {
-        return;
-      }
-      // Into a buffer of the bounded size every notice has: a stale notice of an earlier
-      // communicator (MPI reuses context ids) is read and dropped without allocating.
-      int length = 0;
-      MPI_Get_count(&status, MPI_CHAR, &length);
-      const bool ours_by_size = length >= static_cast<int>(sizeof(std::uint64_t)) &&
-                                static_cast<std::size_t>(length) <= inbox_.size();
-      // A longer one is not ours: MPI truncates it (an error, ignored) and it is dropped.
-      MPI_Recv(inbox_.data(), static_cast<int>(inbox_.size()), MPI_CHAR, status.MPI_SOURCE,
-               status.MPI_TAG, control_, MPI_STATUS_IGNORE);
-      if (!ours_by_size) {
-        continue;
-      }
-      std::uint64_t incarnation = 0;
-      std::memcpy(&incarnation, inbox_.data(), sizeof incarnation);
-      if (incarnation != incarnation_) {
-        continue; // meant for an earlier communicator
-      }
-      const std::string_view text(inbox_.data() + sizeof incarnation,
-                                  static_cast<std::size_t>(length) - sizeof incarnation);
-      const auto peer = static_cast<std::size_t>(status.MPI_SOURCE);
-      const std::lock_guard state(state_mutex_);
-      if (status.MPI_TAG == leave_tag) {
-        // Kept without allocating: a peer that finished the last collective and left before
-        // this rank saw its end is no failure, and a step must not allocate.
-        if (departures_++ == 0) {
-          first_departure_ = watch_clock::now();
-          first_leaver_ = static_cast<int>(peer);
-          departure_.fill('\0');
-          text.copy(departure_.data(), departure_.size() - 1);
-        }
-      } else if (status.MPI_TAG == query_tag) {
-        const std::string answer =
-            encode(std::string(operation) + " (#" + std::to_string(sequence) + ")");
-        // Eager, like every notice: answering never waits for the asker.
-        MPI_Send(answer.data(), static_cast<int>(answer.size()), MPI_CHAR, status.MPI_SOURCE,
-                 answer_tag, control_);
-      } else if (status.MPI_TAG == answer_tag) {
-        answers_.resize(static_cast<std::size_t>(size_));
-        answers_[peer] = std::string(text);
-      }
-    }
-  }
 
   // A peer that has left can no longer join this rendezvous: the job ends once the grace period
   // (for messages of a collective it did finish, overtaken by its notice) has passed.
   void check_departures(watch_clock::time_point now, const char* operation,
                         std::uint64_t sequence) {
-    const std::lock_guard state(state_mutex_);
-    if (departures_ == 0 || now - first_departure_ < leave_grace()) {
+    const std::string departure = control_.departure(now, leave_grace());
+    if (departure.empty()) {
       return;
     }
-    std::string message = "cohort: rank " + std::to_string(rank_) + ": rank " +
-                          std::to_string(first_leaver_) + " left the job (" +
-                          std::string(departure_.data()) + ")";
-    if (departures_ > 1) {
-      message += " and " + std::to_string(departures_ - 1) + " more rank(s) left after it";
-    }
-    end_job(message + "; this rank waited for it in " + operation + " (#" +
-            std::to_string(sequence) + "), which it can never join; ending the job");
+    end_job("cohort: rank " + std::to_string(rank_) + ": " + departure +
+            "; this rank waited for it in " + operation + " (#" + std::to_string(sequence) +
+            "), which it can never join; ending the job");
   }
 
   watch_clock::duration leave_grace() const noexcept {
@@ -371,20 +245,7 @@ private:
   template <std::size_t N>
   void time_out(waiter who, MPI_Request (&requests)[N], watch_clock::duration waited,
                 const char* operation, std::uint64_t sequence) {
-    // The question is a member, made once: a send may still be pending when this returns (to a
-    // rank that never reads it), and MPI reads its buffer until then.
-    std::vector<MPI_Request> asked;
-    {
-      const std::lock_guard state(state_mutex_);
-      answers_.assign(static_cast<std::size_t>(size_), std::string());
-    }
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_) {
-        MPI_Request& r = asked.emplace_back(MPI_REQUEST_NULL);
-        MPI_Isend(question_.data(), static_cast<int>(question_.size()), MPI_CHAR, peer, query_tag,
-                  control_, &r);
-      }
-    }
+    std::vector<MPI_Request> asked = control_.ask_everyone();
     const auto listen_until =
         watch_clock::now() + std::min<watch_clock::duration>(std::chrono::seconds(1), timeout_);
     while (watch_clock::now() < listen_until) {
@@ -396,27 +257,10 @@ private:
         }
         return;
       }
-      read_control(operation, sequence);
+      control_.read(operation, sequence);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    std::string missing;
-    std::string elsewhere;
-    {
-      const std::lock_guard state(state_mutex_);
-      for (int peer = 0; peer < size_; ++peer) {
-        if (peer == rank_) {
-          continue;
-        }
-        const std::string& answer = answers_[static_cast<std::size_t>(peer)];
-        const std::string expected =
-            std::string(operation) + " (#" + std::to_string(sequence) + ")";
-        if (answer.empty()) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
-        } else if (answer != expected) {
-          elsewhere += "; rank " + std::to_string(peer) + " waits in " + answer;
-        }
-      }
-    }
+    const auto [missing, elsewhere] = control_.whereabouts(operation, sequence);
     end_job("cohort: timeout on rank " + std::to_string(rank_) + ": " + operation + " (#" +
             std::to_string(sequence) + ", " +
             std::to_string(bytes_[who == waiter::caller ? 0 : 1]) +
@@ -434,21 +278,11 @@ private:
   watch_clock::duration timeout_;
   registered_slot caller_slot_;
   registered_slot reducer_slot_;
-  boost::mpi::communicator control_;
   boost::mpi::communicator caller_;
   boost::mpi::communicator reducer_;
-  std::uint64_t incarnation_ = 0;
+  control_channel control_; // last: the leave notices go before the channels are freed
   std::array<std::uint64_t, 2> sequence_{};
   std::array<std::size_t, 2> bytes_{};
-  std::mutex control_mutex_;
-  std::mutex state_mutex_;
-  int departures_ = 0;
-  int first_leaver_ = -1;
-  std::array<char, max_notice> departure_{}; // why the first one left
-  watch_clock::time_point first_departure_{};
-  std::vector<std::string> answers_;
-  std::array<char, max_notice> inbox_{};
-  std::string question_;
 };
 
 } // namespace detail

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The channel beside a communicator's rendezvous on which its ranks tell each other what the
+// rendezvous cannot: that a rank leaves (a leave notice, sent when its communicator is destroyed)
+// and, past the timeout, where each one is waiting (a question every waiting rank answers). Every
+// notice is small (sent eagerly, never waiting for the peer) and starts with the communicator's
+// incarnation, a random number agreed at creation: MPI reuses context ids, and a notice meant for
+// an earlier communicator must not be taken for this one's. See liveness.hpp for who reads it.
+
+#include <cohort/config.hpp>
+#include <cohort/detail/watchdog.hpp>
+#include <cohort/transport/mpi.hpp>
+
+#include <boost/mpi/communicator.hpp>
+#include <mpi.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+//! A duplicate of `comm` whose errors come back as codes (cohort turns them into exceptions).
+inline boost::mpi::communicator duplicate_returning_errors(const boost::mpi::communicator& comm) {
+  MPI_Comm copy = MPI_COMM_NULL;
+  mpi::check(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup", comm);
+  mpi::return_errors(copy);
+  return boost::mpi::communicator(copy, boost::mpi::comm_take_ownership);
+}
+
+class control_channel {
+public:
+  control_channel() = default;
+  control_channel(const control_channel&) = delete;
+  control_channel& operator=(const control_channel&) = delete;
+
+  //! Collective over `comm`: duplicates it and agrees on the incarnation.
+  void open(const boost::mpi::communicator& comm) {
+    rank_ = comm.rank();
+    size_ = comm.size();
+    comm_ = duplicate_returning_errors(comm);
+    if (rank_ == 0) {
+      incarnation_ =
+          std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
+    }
+    mpi::check(MPI_Bcast(&incarnation_, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast (incarnation)",
+               comm_);
+    question_ = encode("where are you?");
+    open_ = true;
+  }
+
+  //! Tells every peer that this rank leaves, and why (read by a peer only if it is still waiting
+  //! for this rank at a rendezvous).
+  ~control_channel() {
+    if (!open_ || !mpi_running() || size_ == 1) {
+      return;
+    }
+    try {
+      std::string reason = "its communicator was destroyed";
+      if (std::uncaught_exceptions() > 0) {
+        reason += " during the unwinding of an exception";
+      } else if (const std::exception_ptr current = std::current_exception()) {
+        try {
+          std::rethrow_exception(current);
+        } catch (const std::exception& e) {
+          reason += " while handling an exception: " + std::string(e.what());
+        } catch (...) {
+          reason += " while handling an exception";
+        }
+      }
+      const std::string notice = encode(reason);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) {
+          // Small enough to go eagerly: this never waits for the peer.
+          MPI_Send(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, leave_tag,
+                   comm_);
+        }
+      }
+    } catch (...) {
+      // Out of memory while saying goodbye: the peers will find out through the timeout.
+    }
+  }
+
+  //! Receives whatever notices have arrived: leaves are recorded, questions answered (this rank
+  //! waits in `operation`, its rendezvous number `sequence`), answers kept. One thread at a time
+  //! (both waiters may poll); the other skips.
+  void read(const char* operation, std::uint64_t sequence) {
+    const std::unique_lock lock(read_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      return;
+    }
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &status) != MPI_SUCCESS ||
+          flag == 0) {
+        return;
+      }
+      // Into a buffer of the bounded size every notice has: a stale notice of an earlier
+      // communicator (MPI reuses context ids) is read and dropped without allocating.
+      int length = 0;
+      MPI_Get_count(&status, MPI_CHAR, &length);
+      const bool ours_by_size = length >= static_cast<int>(sizeof(std::uint64_t)) &&
+                                static_cast<std::size_t>(length) <= inbox_.size();
+      // A longer one is not ours: MPI truncates it (an error, ignored) and it is dropped.
+      MPI_Recv(inbox_.data(), static_cast<int>(inbox_.size()), MPI_CHAR, status.MPI_SOURCE,
+               status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
+      if (!ours_by_size) {
+        continue;
+      }
+      std::uint64_t incarnation = 0;
+      std::memcpy(&incarnation, inbox_.data(), sizeof incarnation);
+      if (incarnation != incarnation_) {
+        continue; // meant for an earlier communicator
+      }
+      const std::string_view text(inbox_.data() + sizeof incarnation,
+                                  static_cast<std::size_t>(length) - sizeof incarnation);
+      const auto peer = static_cast<std::size_t>(status.MPI_SOURCE);
+      const std::lock_guard state(state_mutex_);
+      if (status.MPI_TAG == leave_tag) {
+        // Kept without allocating: a peer that finished the last collective and left before
+        // this rank saw its end is no failure, and a step must not allocate.
+        if (departures_++ == 0) {
+          first_departure_ = watch_clock::now();
+          first_leaver_ = static_cast<int>(peer);
+          departure_.fill('\0');
+          text.copy(departure_.data(), departure_.size() - 1);
+        }
+      } else if (status.MPI_TAG == query_tag) {
+        const std::string answer = encode(where(operation, sequence));
+        // Eager, like every notice: answering never waits for the asker.
+        MPI_Send(answer.data(), static_cast<int>(answer.size()), MPI_CHAR, status.MPI_SOURCE,
+                 answer_tag, comm_);
+      } else if (status.MPI_TAG == answer_tag) {
+        answers_.resize(static_cast<std::size_t>(size_));
+        answers_[peer] = std::string(text);
+      }
+    }
+  }
+
+  //! If a peer left at least `grace` ago (time for the messages of a collective it did finish,
+  //! overtaken by its notice), what to say of it: who left, why, and how many after it.
+  //! Empty otherwise.
+  std::string departure(watch_clock::time_point now, watch_clock::duration grace) {
+    const std::lock_guard state(state_mutex_);
+    if (departures_ == 0 || now - first_departure_ < grace) {
+      return {};
+    }
+    std::string message = "rank " + std::to_string(first_leaver_) + " left the job (" +
+                          std::string(departure_.data()) + ")";
+    if (departures_ > 1) {
+      message += " and " + std::to_string(departures_ - 1) + " more rank(s) left after it";
+    }
+    return message;
+  }
+
+  //! Asks every peer where it waits; the answers arrive through `read`. The requests may stay
+  //! pending (a peer that never reads): the question is a member, so its buffer outlives them.
+  std::vector<MPI_Request> ask_everyone() {
+    {
+      const std::lock_guard state(state_mutex_);
+      answers_.assign(static_cast<std::size_t>(size_), std::string());
+    }
+    std::vector<MPI_Request> asked;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_) {
+        MPI_Request& r = asked.emplace_back(MPI_REQUEST_NULL);
+        MPI_Isend(question_.data(), static_cast<int>(question_.size()), MPI_CHAR, peer, query_tag,
+                  comm_, &r);
+      }
+    }
+    return asked;
+  }
+
+  //! From the answers so far, for this rank waiting in `operation` (#`sequence`): the ranks
+  //! that did not answer ("2, 3"), and where those that answered elsewhere wait.
+  std::pair<std::string, std::string> whereabouts(const char* operation, std::uint64_t sequence) {
+    const std::string expected = where(operation, sequence);
+    std::string missing;
+    std::string elsewhere;
+    const std::lock_guard state(state_mutex_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) {
+        continue;
+      }
+      const std::string& answer = answers_[static_cast<std::size_t>(peer)];
+      if (answer.empty()) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+      } else if (answer != expected) {
+        elsewhere += "; rank " + std::to_string(peer) + " waits in " + answer;
+      }
+    }
+    return {missing, elsewhere};
+  }
+
+  static bool mpi_running() noexcept {
+    int initialized = 0;
+    int finalized = 0;
+    return MPI_Initialized(&initialized) == MPI_SUCCESS && initialized != 0 &&
+           MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0;
+  }
+
+private:
+  static constexpr int leave_tag = 1;
+  static constexpr int query_tag = 2;
+  static constexpr int answer_tag = 3;
+  static constexpr std::size_t max_notice = 512;
+
+  static std::string where(const char* operation, std::uint64_t sequence) {
+    return std::string(operation) + " (#" + std::to_string(sequence) + ")";
+  }
+
+  // A notice: the incarnation (8 bytes), then the text, cut to a bounded size.
+  std::string encode(std::string_view text) const {
+    std::string message(sizeof incarnation_, '\0');
+    std::memcpy(message.data(), &incarnation_, sizeof incarnation_);
+    message.append(text.substr(0, max_notice - sizeof incarnation_));
+    return message;
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  bool open_ = false;
+  boost::mpi::communicator comm_;
+  std::uint64_t incarnation_ = 0;
+  std::mutex read_mutex_;
+  std::mutex state_mutex_;
+  int departures_ = 0;
+  int first_leaver_ = -1;
+  std::array<char, max_notice> departure_{}; // why the first one left
+  watch_clock::time_point first_departure_{};
+  std::vector<std::string> answers_;
+  std::array<char, max_notice> inbox_{};
+  std::string question_;
+};
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
