@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Thin bindings to MPI through Boost.MPI: dtype and op mapping, errors as exceptions, RAII
-// requests, and the tensor collectives on type-erased views that every MPI strategy shares.
+// Thin bindings to MPI through Boost.MPI: RAII requests and the tensor collectives on type-erased
+// views that every MPI strategy shares (errors: mpi_error.hpp; dtypes and ops: mpi_datatype.hpp).
 // The communicator handle is Boost.MPI's; the tensor calls go to the MPI C API underneath it,
 // because a tensor_view's element type is a run-time value that Boost.MPI's templates cannot
 // take.
@@ -10,14 +10,12 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
-#include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/dtype.hpp>
-#include <cohort/tensor/float16.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi_datatype.hpp>
+#include <cohort/transport/mpi_error.hpp>
 
-#include <boost/archive/archive_exception.hpp>
 #include <boost/mpi/communicator.hpp>
-#include <boost/mpi/exception.hpp>
 #include <mpi.h>
 
 #include <algorithm>
@@ -31,169 +29,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace mpi {
-
-//! The rank of the calling process in `comm`, or -1 if MPI cannot tell (used in messages only).
-inline int rank_of(MPI_Comm comm) noexcept {
-  int rank = -1;
-  if (comm == MPI_COMM_NULL || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS) {
-    return -1;
-  }
-  return rank;
-}
-
-//! The rank of this process in MPI_COMM_WORLD, or -1 before MPI_Init and after MPI_Finalize: what
-//! errors of other engines (CUDA, NCCL) name as "the rank".
-inline int world_rank() noexcept {
-  int initialized = 0;
-  int finalized = 0;
-  if (MPI_Initialized(&initialized) != MPI_SUCCESS || initialized == 0 ||
-      MPI_Finalized(&finalized) != MPI_SUCCESS || finalized != 0) {
-    return -1;
-  }
-  return rank_of(MPI_COMM_WORLD);
-}
-
-//! Turns an MPI return code into an `engine_error` naming the operation, the rank and MPI's own
-//! message.
-inline void check(int code, std::string_view operation, MPI_Comm comm) {
-  if (code == MPI_SUCCESS) {
-    return;
-  }
-  char message[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  if (MPI_Error_string(code, message, &length) != MPI_SUCCESS) {
-    length = 0;
-  }
-  throw engine_error("MPI", std::string(operation), rank_of(comm), code,
-                     std::string(message, static_cast<std::size_t>(length)));
-}
-
-//! The number of ranks of `comm`.
-inline int comm_size(MPI_Comm comm) {
-  int size = 0;
-  check(MPI_Comm_size(comm, &size), "MPI_Comm_size", comm);
-  return size;
-}
-
-//! Runs a Boost.MPI call and turns its `boost::mpi::exception` into an `engine_error`.
-//! A Boost.Serialization failure (an archive that cannot be read) becomes a `cohort::error` too.
-template <class F>
-decltype(auto) translate(std::string_view operation, const boost::mpi::communicator& comm, F&& f) {
-  try {
-    return std::forward<F>(f)();
-  } catch (const boost::mpi::exception& e) {
-    throw engine_error("MPI", std::string(operation), rank_of(comm), e.result_code(), e.what());
-  } catch (const boost::archive::archive_exception& e) {
-    throw error("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_of(comm)) +
-                ": serialization failed: " + e.what());
-  }
-}
-
-namespace detail {
-// MPI has no 16-bit float types or ops: fp16 and bf16 travel as committed 2-byte types and are
-// reduced by user ops that compute in float, one rounding per pairwise step as MPI's own do.
-template <class Half, class Combine>
-void half_op(void* in, void* inout, int* length, MPI_Datatype*) {
-  const auto* a = static_cast<const Half*>(in);
-  auto* b = static_cast<Half*>(inout);
-  for (int i = 0; i < *length; ++i) {
-    b[i] = Half(Combine{}(static_cast<float>(a[i]), static_cast<float>(b[i])));
-  }
-}
-struct plus {
-  float operator()(float a, float b) const noexcept { return a + b; }
-};
-struct times {
-  float operator()(float a, float b) const noexcept { return a * b; }
-};
-struct minimum {
-  float operator()(float a, float b) const noexcept { return std::min(a, b); }
-};
-struct maximum {
-  float operator()(float a, float b) const noexcept { return std::max(a, b); }
-};
-
-struct half_handles {
-  MPI_Datatype float16_type = MPI_DATATYPE_NULL;
-  MPI_Datatype bfloat16_type = MPI_DATATYPE_NULL;
-  MPI_Op float16_ops[4] = {};
-  MPI_Op bfloat16_ops[4] = {};
-
-  half_handles() {
-    check(MPI_Type_contiguous(2, MPI_BYTE, &float16_type), "MPI_Type_contiguous", MPI_COMM_WORLD);
-    check(MPI_Type_commit(&float16_type), "MPI_Type_commit", MPI_COMM_WORLD);
-    check(MPI_Type_contiguous(2, MPI_BYTE, &bfloat16_type), "MPI_Type_contiguous", MPI_COMM_WORLD);
-    check(MPI_Type_commit(&bfloat16_type), "MPI_Type_commit", MPI_COMM_WORLD);
-    create<float16>(float16_ops);
-    create<bfloat16>(bfloat16_ops);
-  }
-
-  template <class Half>
-  static void create(MPI_Op (&ops)[4]) {
-    check(MPI_Op_create(&half_op<Half, plus>, 1, &ops[0]), "MPI_Op_create", MPI_COMM_WORLD);
-    check(MPI_Op_create(&half_op<Half, times>, 1, &ops[1]), "MPI_Op_create", MPI_COMM_WORLD);
-    check(MPI_Op_create(&half_op<Half, minimum>, 1, &ops[2]), "MPI_Op_create", MPI_COMM_WORLD);
-    check(MPI_Op_create(&half_op<Half, maximum>, 1, &ops[3]), "MPI_Op_create", MPI_COMM_WORLD);
-  }
-};
-
-// Created on first use, after MPI_Init; MPI releases them at MPI_Finalize.
-inline const half_handles& halves() {
-  static const half_handles handles;
-  return handles;
-}
-
-constexpr int op_index(reduce_op op) noexcept {
-  return static_cast<int>(op);
-}
-} // namespace detail
-
-//! The MPI datatype of a dtype.
-inline MPI_Datatype datatype(dtype type) {
-  switch (type) {
-  case dtype::float32:
-    return MPI_FLOAT;
-  case dtype::float64:
-    return MPI_DOUBLE;
-  case dtype::int32:
-    return MPI_INT32_T;
-  case dtype::int64:
-    return MPI_INT64_T;
-  case dtype::uint8:
-    return MPI_UINT8_T;
-  case dtype::float16:
-    return detail::halves().float16_type;
-  case dtype::bfloat16:
-    return detail::halves().bfloat16_type;
-  }
-  throw invalid_argument("cohort: no MPI datatype for this dtype");
-}
-
-//! The MPI op of a reduction on a dtype (fp16 and bf16 have ops of their own).
-inline MPI_Op op(reduce_op operation, dtype type) {
-  if (type == dtype::float16) {
-    return detail::halves().float16_ops[detail::op_index(operation)];
-  }
-  if (type == dtype::bfloat16) {
-    return detail::halves().bfloat16_ops[detail::op_index(operation)];
-  }
-  switch (operation) {
-  case reduce_op::sum:
-    return MPI_SUM;
-  case reduce_op::prod:
-    return MPI_PROD;
-  case reduce_op::min:
-    return MPI_MIN;
-  case reduce_op::max:
-    return MPI_MAX;
-  }
-  throw invalid_argument("cohort: no MPI op for this reduction");
-}
-
-//! Makes every error on `comm` return a code instead of aborting, so that it becomes an exception.
-inline void return_errors(MPI_Comm comm) {
-  check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", comm);
-}
 
 //! A pending non-blocking operation. Waits in its destructor if still pending, because MPI may
 //! still write into the tensor: let it go out of scope only once the tensor may be written.
