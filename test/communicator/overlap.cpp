@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <list>
 #include <new>
 #include <numeric>
 #include <stdexcept>
@@ -207,6 +208,35 @@ BOOST_AUTO_TEST_CASE(a_gradient_changed_on_one_rank_throws_on_every_rank) {
   mixed_model again(comm.size(), comm.rank(), 1);
   auto next = comm.begin_allreduce_grad(again.params, cohort::mean{});
   next.wait();
+}
+
+BOOST_AUTO_TEST_CASE(a_set_that_is_not_random_access_is_read_again_where_it_lives) {
+  // A std::list of parameters: grad_ready reads parameter t again through the address kept when
+  // the reduction began (not by walking t elements), so a change made through the list is seen.
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 64});
+  for (int step = 0; step < 2; ++step) {
+    mixed_model a(comm.size(), comm.rank(), step);
+    mixed_model b(comm.size(), comm.rank(), step);
+    std::list<cohort::parameter_ref<cohort::tensor_view>> listed(a.params.begin(), a.params.end());
+    auto request = comm.begin_allreduce_grad(listed, cohort::mean{});
+    for (const std::size_t t : readiness(comm.rank(), step)) {
+      request.ready(t);
+    }
+    request.wait();
+    comm.allreduce_grad(b.params, cohort::mean{});
+    require_same_bytes(a, b, step);
+  }
+  mixed_model m(comm.size(), comm.rank(), 0);
+  std::list<cohort::parameter_ref<cohort::tensor_view>> listed(m.params.begin(), m.params.end());
+  auto request = comm.begin_allreduce_grad(listed, cohort::mean{});
+  if (comm.rank() == comm.size() - 1) {
+    m.grad_views[1].count = 2; // tensor 1 had 3 float64 elements when the step began
+  }
+  for (std::size_t t = mixed_model::tensors; t-- > 0;) {
+    request.ready(t);
+  }
+  BOOST_CHECK_EXCEPTION(request.wait(), cohort::error,
+                        message_has({"parameter 't1'", "now has a gradient of 2 float64"}));
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_named) {

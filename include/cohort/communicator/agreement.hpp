@@ -11,6 +11,7 @@
 #include <cohort/config.hpp>
 #include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <mpi.h>
@@ -208,5 +209,48 @@ inline std::string describe_tensor(std::size_t count, dtype type) {
 }
 
 } // namespace detail
+
+//! The names (of metrics, say) that every rank holds, in the same order, compared through the
+//! front door of `comm` (watched, like any collective). A rank with no names at all takes the
+//! others' (a rank whose evaluation shard is empty). Ranks that differ otherwise throw, every one,
+//! the same `mismatch_error` naming `operation`, the first rank and the first `what` that differ.
+//! Collective; one 16-byte all-reduce when the names agree.
+template <class Communicator>
+std::vector<std::string> agree_on_names(Communicator& comm, std::vector<std::string> names,
+                                        const char* operation, std::string_view what) {
+  detail::fingerprint f;
+  f.add(names.size());
+  for (const auto& name : names) {
+    f.add(name);
+  }
+  // max(h) and max(~h) = ~min(h) (~ reverses the order of signed values too): equal on every
+  // rank exactly when every rank has the same h.
+  const auto hash = static_cast<std::int64_t>(f.value());
+  std::array<std::int64_t, 2> bounds = {hash, ~hash};
+  comm.allreduce(bounds, reduce_op::max);
+  if (bounds[0] == ~bounds[1]) {
+    return names;
+  }
+  const auto all = comm.allgather_obj(names);
+  std::size_t reference = all.size();
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) {
+      continue;
+    }
+    if (reference == all.size()) {
+      reference = r;
+    } else if (all[r] != all[reference]) {
+      std::vector<std::vector<detail::signature_entry>> described(all.size());
+      for (std::size_t q = 0; q < all.size(); ++q) {
+        for (const auto& name : all[q].empty() ? all[reference] : all[q]) {
+          described[q].push_back({std::string(what), "'" + name + "'"});
+        }
+      }
+      throw mismatch_error(detail::describe_mismatch(operation, described, reference));
+    }
+  }
+  return reference == all.size() ? std::move(names) : all[reference];
+}
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -395,21 +395,45 @@ private:
     detail::operation_scope scope("allreduce_grad");
     require_overlap_possible(owner);
     collect_gradients(params, options.missing, sync_->slots(), sync_->names());
+    if constexpr (remembers_elements<Params>) {
+      auto& elements = sync_->elements();
+      elements.clear(); // keeps its capacity: no allocation after the first step
+      for (auto& p : params) {
+        elements.push_back(const_cast<void*>(static_cast<const void*>(std::addressof(p))));
+      }
+    }
     sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
                  options.missing, owner, local_problem());
   }
 
   // Under the engine's mutex: reads parameter `index` again (O(1) where the set is random
   // access) and marks it ready.
+  // A set whose elements are not reached by index but live at stable addresses: their addresses
+  // are kept when a reduction begins, for `grad_ready`.
+  template <class Params>
+  static constexpr bool remembers_elements =
+      !std::ranges::random_access_range<Params> &&
+      std::is_lvalue_reference_v<std::ranges::range_reference_t<Params>>;
+
   template <parameter_set Params>
   void reread_and_mark(Params& params, std::size_t index) {
     if (!sync_->needs_reread(index)) {
       sync_->mark(index);
       return;
     }
-    auto it = std::ranges::begin(params);
-    std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
-    sync_->mark_reread(index, detail::collect_one(*it, sync_->missing()));
+    if constexpr (std::ranges::random_access_range<Params>) {
+      sync_->mark_reread(index,
+                         detail::collect_one(std::ranges::begin(params)[index], sync_->missing()));
+    } else if constexpr (remembers_elements<Params>) {
+      auto* p = static_cast<std::remove_reference_t<std::ranges::range_reference_t<Params>>*>(
+          sync_->elements()[index]);
+      sync_->mark_reread(index, detail::collect_one(*p, sync_->missing()));
+    } else {
+      // Elements given by value (a view that makes them): no address outlives the walk.
+      auto it = std::ranges::begin(params);
+      std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
+      sync_->mark_reread(index, detail::collect_one(*it, sync_->missing()));
+    }
   }
 
   static detail::bucket_limits bucketing(const communicator_options& options) {

@@ -10,12 +10,8 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
-#include <cohort/transport/mpi.hpp>
 
-#include <array>
-#include <bit>
 #include <cstddef>
-#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -53,58 +49,19 @@ private:
   std::map<std::string, std::pair<double, double>> sums_;
 };
 
-namespace detail {
-// The metric names every rank reduces. They must be the same on every rank, except that a rank
-// with no metrics at all (an empty evaluation shard) takes the others' names and contributes
-// zeros. Always checked, whatever check_agreement says: an empty rank must learn the names, and
-// a metric reduction runs once per evaluation, not once per step.
-template <communicator Communicator>
-std::vector<std::string> agree_on_metric_names(Communicator& comm, const local_metrics& metrics) {
-  std::vector<std::string> names;
-  detail::fingerprint f;
-  f.add(metrics.sums().size());
-  for (const auto& entry : metrics.sums()) {
-    names.push_back(entry.first);
-    f.add(entry.first);
-  }
-  // Through the front door: checked, and watched for a rank that never comes.
-  // max(h) and max(~h) = ~min(h) (~ reverses the order of signed values too): equal on every
-  // rank exactly when every rank has the same h.
-  const auto hash = std::bit_cast<std::int64_t>(f.value());
-  std::array<std::int64_t, 2> bounds = {hash, ~hash};
-  comm.allreduce(bounds, reduce_op::max);
-  if (bounds[0] == ~bounds[1]) {
-    return names;
-  }
-  const auto all = comm.allgather_obj(names);
-  std::size_t reference = all.size();
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty()) {
-      continue;
-    }
-    if (reference == all.size()) {
-      reference = r;
-    } else if (all[r] != all[reference]) {
-      std::vector<std::vector<signature_entry>> described(all.size());
-      for (std::size_t q = 0; q < all.size(); ++q) {
-        for (const auto& name : all[q].empty() ? all[reference] : all[q]) {
-          described[q].push_back({"a metric", "'" + name + "'"});
-        }
-      }
-      throw mismatch_error(describe_mismatch("allreduce_mean", described, reference));
-    }
-  }
-  return reference == all.size() ? names : all[reference];
-}
-} // namespace detail
-
 //! The global mean of each metric: (sum over ranks of weighted sums) / (sum of weights).
 //! Collective. Every rank must have the same metric names (else `mismatch_error` naming the
 //! first that differs), or none at all (a rank with an empty shard). A metric whose total weight
 //! is zero on every rank has no mean: throws `invalid_argument`.
 template <communicator Communicator>
 std::map<std::string, double> allreduce_mean(Communicator& comm, const local_metrics& metrics) {
-  const auto names = detail::agree_on_metric_names(comm, metrics);
+  // Always checked, whatever check_agreement says: a rank with an empty evaluation shard must
+  // learn the names, and a metric reduction runs once per evaluation, not once per step.
+  std::vector<std::string> mine;
+  for (const auto& entry : metrics.sums()) {
+    mine.push_back(entry.first);
+  }
+  const auto names = agree_on_names(comm, std::move(mine), "allreduce_mean", "a metric");
   std::vector<double> packed;
   packed.reserve(2 * names.size());
   for (const auto& name : names) {

@@ -71,6 +71,9 @@ public:
   //! The slots of the reduction being prepared, filled by the front door (collect_gradients).
   std::vector<grad_slot>& slots() noexcept { return slots_; }
   std::vector<std::string>& names() noexcept { return names_; }
+  //! Where each parameter of a set that is not random-access lives, so that `grad_ready` reads
+  //! one again in O(1) instead of walking the set.
+  std::vector<void*>& elements() noexcept { return elements_; }
 
   // ---- blocking ------------------------------------------------------------------------------
 
@@ -411,6 +414,7 @@ private:
   bucketed_reduction reduction_;
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary
+  std::vector<void*> elements_;
 
   // The overlapped step in flight. `mutex_` guards every field; cohort's thread reads the plan
   // and the slots of buckets launched to it, and `problem_` once `problem_flag_` is raised.
