@@ -4,7 +4,10 @@
 # translation unit with <cohort/cohort.hpp> and one allreduce_grad, side by side with one that
 # includes <boost/mpi.hpp> alone and does one all-reduce; and, where nvcc and NCCL are found, a
 # translation unit with <cohort/nccl.hpp> and one pure_nccl allreduce_grad beside one with
-# <nccl.h> and <cuda_runtime.h> alone. Each row is the median of --runs compilations (default 5),
+# <nccl.h> and <cuda_runtime.h> alone. Both cohort rows are measured twice: header-only (the
+# default: the engine is compiled in the translation unit) and with COHORT_SEPARATE_COMPILATION
+# (it is compiled once per program, in the translation unit that includes <cohort/src.hpp>, whose
+# own time is printed too). Each row is the median of --runs compilations (default 5),
 # the rows taking turns so that a busy machine slows them alike.
 #
 #   bench/compile_time.sh [--runs N] [--cxx g++] [--no-gpu]
@@ -41,6 +44,9 @@ cat >"$work/cohort.cpp" <<'EOF'
 void reduce(cohort::flat& comm, std::vector<cohort::parameter_ref<std::vector<float>>>& params) {
   comm.allreduce_grad(params, cohort::mean{});
 }
+EOF
+cat >"$work/src.cpp" <<'EOF'
+#include <cohort/src.hpp>
 EOF
 cat >"$work/nccl_only.cu" <<'EOF'
 #include <cuda_runtime.h>
@@ -86,9 +92,12 @@ gpu_flags=(-std=c++20 -O2 -c -arch=sm_80 -I"$root/include" $mpi_flags)
 for ((i = 0; i < runs; ++i)); do
   compile boost_mpi "$cxx" "${host_flags[@]}" "$work/boost_mpi.cpp" -o "$work/a.o"
   compile cohort "$cxx" "${host_flags[@]}" "$work/cohort.cpp" -o "$work/b.o"
+  compile cohort_separate "$cxx" "${host_flags[@]}" -DCOHORT_SEPARATE_COMPILATION "$work/cohort.cpp" -o "$work/b2.o"
+  compile cohort_src "$cxx" "${host_flags[@]}" -DCOHORT_SEPARATE_COMPILATION "$work/src.cpp" -o "$work/b3.o"
   if [ "$gpu" -eq 1 ]; then
     compile nccl_only "$nvcc" "${gpu_flags[@]}" "$work/nccl_only.cu" -o "$work/c.o"
     compile cohort_nccl "$nvcc" "${gpu_flags[@]}" "$work/cohort_nccl.cu" -o "$work/d.o"
+    compile cohort_nccl_separate "$nvcc" "${gpu_flags[@]}" -DCOHORT_SEPARATE_COMPILATION "$work/cohort_nccl.cu" -o "$work/d2.o"
   fi
 done
 
@@ -96,8 +105,13 @@ printf '%-52s %10s\n' "translation unit (-O2, median of $runs)" "seconds"
 printf '%-52s %10.2f\n' "<boost/mpi.hpp>, one all_reduce" "$(median boost_mpi)"
 printf '%-52s %10.2f\n' "<cohort/cohort.hpp>, one flat allreduce_grad" "$(median cohort)"
 printf '%-52s %+10.2f\n' "  cohort's cost over Boost.MPI" "$(echo "$(median cohort) - $(median boost_mpi)" | bc)"
+printf '%-52s %10.2f\n' "  the same, COHORT_SEPARATE_COMPILATION" "$(median cohort_separate)"
+printf '%-52s %+10.2f\n' "  cohort's cost over Boost.MPI" "$(echo "$(median cohort_separate) - $(median boost_mpi)" | bc)"
+printf '%-52s %10.2f\n' "  <cohort/src.hpp> (once per program)" "$(median cohort_src)"
 if [ "$gpu" -eq 1 ]; then
   printf '%-52s %10.2f\n' "<nccl.h> + <cuda_runtime.h>, one ncclAllReduce (nvcc)" "$(median nccl_only)"
   printf '%-52s %10.2f\n' "<cohort/nccl.hpp>, one pure_nccl allreduce_grad" "$(median cohort_nccl)"
   printf '%-52s %+10.2f\n' "  cohort's cost over NCCL" "$(echo "$(median cohort_nccl) - $(median nccl_only)" | bc)"
+  printf '%-52s %10.2f\n' "  the same, COHORT_SEPARATE_COMPILATION" "$(median cohort_nccl_separate)"
+  printf '%-52s %+10.2f\n' "  cohort's cost over NCCL" "$(echo "$(median cohort_nccl_separate) - $(median nccl_only)" | bc)"
 fi

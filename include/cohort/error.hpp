@@ -42,8 +42,7 @@ class engine_error : public error {
 public:
   engine_error(std::string engine, std::string operation, int rank, int code,
                const std::string& message)
-      : error("cohort: " + engine + " error in " + operation + " on rank " + std::to_string(rank) +
-              ": " + message + " (code " + std::to_string(code) + ")")
+      : error(describe(engine, operation, rank, code, message))
       , engine_(std::move(engine))
       , operation_(std::move(operation))
       , rank_(rank)
@@ -55,6 +54,9 @@ public:
   int code() const noexcept { return code_; }
 
 private:
+  static std::string describe(const std::string& engine, const std::string& operation, int rank,
+                              int code, const std::string& message);
+
   std::string engine_;
   std::string operation_;
   int rank_;
@@ -63,3 +65,7 @@ private:
 
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/impl/error.ipp>
+#endif

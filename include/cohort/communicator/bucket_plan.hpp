@@ -49,72 +49,7 @@ public:
   static constexpr std::size_t no_bucket = std::numeric_limits<std::size_t>::max();
 
   void build(std::span<const grad_slot> slots, std::span<const std::size_t> order,
-             const reduction_table& reduction, const bucket_limits& limits) {
-    buckets_.clear();
-    members_.clear();
-    bucket_of_.assign(slots.size(), no_bucket);
-    std::array<std::size_t, dtype_count> open;
-    std::array<bool, dtype_count> had_first{};
-    open.fill(no_bucket);
-    // Members gathered per bucket first, with the walk position of each bucket's last member.
-    std::vector<std::vector<std::size_t>> gathered;
-    std::vector<std::size_t> closed_at;
-    for (std::size_t position = 0; position < order.size(); ++position) {
-      const std::size_t s = order[position];
-      const grad_slot& slot = slots[s];
-      if (slot.grad.count == 0) {
-        continue;
-      }
-      const std::size_t d = dtype_index(slot.grad.type);
-      const grad_reduction& plan = reduction(slot.grad.type);
-      const std::size_t wire_bytes = slot.grad.count * size_of(plan.wire);
-      const auto start = [&](bool in_place) {
-        buckets_.push_back({slot.grad.type, plan, in_place, 0, 0, 0});
-        gathered.emplace_back();
-        closed_at.push_back(position);
-        return buckets_.size() - 1;
-      };
-      const auto add = [&](std::size_t b) {
-        gathered[b].push_back(s);
-        buckets_[b].count += slot.grad.count;
-        bucket_of_[s] = b;
-      };
-      const std::size_t limit = had_first[d] ? limits.bucket_bytes : limits.first_bucket_bytes;
-      if (plan.wire == slot.grad.type && slot.grad.size_bytes() >= limits.threshold_bytes) {
-        add(start(true));
-        continue;
-      }
-      if (open[d] != no_bucket &&
-          (buckets_[open[d]].count * size_of(plan.wire) + wire_bytes) > limit) {
-        had_first[d] = true;
-        open[d] = no_bucket;
-      }
-      if (open[d] == no_bucket) {
-        open[d] = start(false);
-      }
-      add(open[d]);
-      closed_at[open[d]] = position;
-    }
-    // Reduce the buckets in the order they fill up; members keep their walk order.
-    std::vector<std::size_t> by_readiness(buckets_.size());
-    std::iota(by_readiness.begin(), by_readiness.end(), std::size_t{0});
-    std::stable_sort(by_readiness.begin(), by_readiness.end(),
-                     [&](std::size_t a, std::size_t b) { return closed_at[a] < closed_at[b]; });
-    std::vector<bucket> sorted;
-    sorted.reserve(buckets_.size());
-    for (const std::size_t b : by_readiness) {
-      bucket next = buckets_[b];
-      next.first_member = members_.size();
-      next.member_count = gathered[b].size();
-      for (const std::size_t s : gathered[b]) {
-        bucket_of_[s] = sorted.size();
-        members_.push_back(s);
-      }
-      sorted.push_back(next);
-    }
-    buckets_ = std::move(sorted);
-    order_.assign(order.begin(), order.end());
-  }
+             const reduction_table& reduction, const bucket_limits& limits);
 
   std::span<const bucket> buckets() const noexcept { return buckets_; }
   std::span<const std::size_t> members(const bucket& b) const noexcept {
@@ -141,3 +76,7 @@ private:
 } // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/communicator/impl/bucket_plan.ipp>
+#endif

@@ -40,65 +40,17 @@ public:
   }
 
   //! The plan for this layout and reducer, built (buffers included) the first time it is seen.
-  const bucket_plan& prepare(std::span<const grad_slot> slots, const reduction_table& reduction) {
-    fingerprint f;
-    f.add(slots_fingerprint(slots));
-    for (const dtype type : all_dtypes) {
-      const grad_reduction& plan = reduction(type);
-      f.add(static_cast<std::uint64_t>(plan.wire))
-          .add(std::bit_cast<std::uint64_t>(plan.pre_scale))
-          .add(std::bit_cast<std::uint64_t>(plan.post_scale))
-          .add(static_cast<std::uint64_t>(plan.op));
-    }
-    ++clock_;
-    const std::uint64_t key = f.value();
-    auto found = std::find_if(entries_.begin(), entries_.end(),
-                              [&](const entry& e) { return e.key == key; });
-    if (found == entries_.end()) {
-      if (entries_.size() < max_layouts) {
-        found = entries_.emplace(entries_.end());
-      } else {
-        found = std::min_element(entries_.begin(), entries_.end(),
-                                 [](const entry& a, const entry& b) { return a.used < b.used; });
-      }
-      found->key = key;
-      found->learned = false;
-      found->owned.clear(); // an evicted layout's overlap buffers are not this one's
-      bucket_plan::reverse_order(slots.size(), order_);
-      build(*found, slots, order_, reduction);
-    }
-    found->used = clock_;
-    current_ = &*found;
-    if (has_learned_ && learned_key_ == key && !found->learned) {
-      learn_order(slots, learned_, reduction);
-      has_learned_ = false;
-    }
-    return found->plan;
-  }
+  const bucket_plan& prepare(std::span<const grad_slot> slots, const reduction_table& reduction);
 
   //! Rebuilds the current plan in `order` (the order the gradients became ready in a step), once
   //! per layout; later calls change nothing. Returns whether the plan changed.
   bool learn_order(std::span<const grad_slot> slots, std::span<const std::size_t> order,
-                   const reduction_table& reduction) {
-    if (current_->learned) {
-      return false;
-    }
-    current_->learned = true;
-    if (std::ranges::equal(order, current_->plan.order())) {
-      return false;
-    }
-    build(*current_, slots, order, reduction);
-    return true;
-  }
+                   const reduction_table& reduction);
 
   //! An order seen in a step of the current layout (rank 0's, so the same on every rank): the
   //! plan is rebuilt in it at the next `prepare` of this layout, before that step's agreement (a
   //! rebuild allocates, and may fail).
-  void remember_order(std::span<const std::int64_t> order) {
-    learned_.assign(order.begin(), order.end());
-    learned_key_ = current_key();
-    has_learned_ = true;
-  }
+  void remember_order(std::span<const std::int64_t> order);
 
   //! The plan of the last layout prepared.
   const bucket_plan& plan() const noexcept { return current_->plan; }
@@ -110,11 +62,7 @@ public:
   bool learning() const noexcept { return current_ != nullptr && !current_->learned; }
 
   //! Gives every packed bucket of the current plan a buffer of its own, for overlap.
-  void own_buffers() {
-    if (current_->owned.empty()) {
-      own_buffers_of(*current_);
-    }
-  }
+  void own_buffers();
 
   //! Reduces bucket `b` of the current plan, in its own buffer (`own_buffers` first) or the
   //! shared one. Not thread-safe: one bucket at a time.
@@ -157,29 +105,10 @@ public:
   //! Bucket `b` of the current plan, for a mismatch message: its size, its wire dtype and its
   //! members.
   std::vector<signature_entry> describe_bucket(std::size_t b,
-                                               std::span<const grad_slot> slots) const {
-    const bucket_plan& plan = current_->plan;
-    const bucket& k = plan.buckets()[b];
-    std::string members;
-    for (const std::size_t s : plan.members(k)) {
-      members += (members.empty() ? "" : ", ") + slot_label(slots[s]);
-    }
-    return {{"bucket " + std::to_string(b) + " of " + std::to_string(plan.buckets().size()),
-             describe_tensor(k.count, k.plan.wire) + " on the wire, " +
-                 (k.in_place ? "in place" : "packed") + " from " + members}};
-  }
+                                               std::span<const grad_slot> slots) const;
 
   //! Bytes held by the current layout's bucket buffers (for tests and memory accounting).
-  std::size_t buffer_bytes() const noexcept {
-    std::size_t bytes = 0;
-    if (current_ != nullptr) {
-      bytes += current_->shared.size();
-      for (const auto& buffer : current_->owned) {
-        bytes += buffer.size();
-      }
-    }
-    return bytes;
-  }
+  std::size_t buffer_bytes() const noexcept;
 
   //! Buckets of the current layout.
   std::size_t bucket_count() const noexcept {
@@ -203,30 +132,9 @@ private:
   };
 
   void build(entry& e, std::span<const grad_slot> slots, std::span<const std::size_t> order,
-             const reduction_table& reduction) {
-    e.plan.build(slots, order, reduction, limits_);
-    std::size_t largest = 0;
-    for (const auto& b : e.plan.buckets()) {
-      largest = std::max(largest, b.in_place ? 0 : b.count * size_of(b.plan.wire));
-    }
-    e.shared.resize(largest);
-    e.shared.shrink_to_fit();
-    const bool overlapped = !e.owned.empty();
-    e.owned.clear();
-    if (overlapped) {
-      own_buffers_of(e);
-    }
-  }
+             const reduction_table& reduction);
 
-  static void own_buffers_of(entry& e) {
-    const auto buckets = e.plan.buckets();
-    e.owned.resize(buckets.size());
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      if (!buckets[b].in_place) {
-        e.owned[b].resize(buckets[b].count * size_of(buckets[b].plan.wire));
-      }
-    }
-  }
+  static void own_buffers_of(entry& e);
 
   bucket_limits limits_;
   std::vector<entry> entries_;
@@ -243,3 +151,7 @@ private:
 } // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/communicator/impl/bucketed_reduction.ipp>
+#endif

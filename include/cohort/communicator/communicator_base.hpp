@@ -70,13 +70,7 @@ public:
 
   //! Returns once every rank has called it. A rank that never comes ends the job after the
   //! timeout, naming it.
-  void barrier() const {
-    detail::operation_scope scope("barrier");
-    std::array<std::uint64_t, 1> nothing{};
-    detail::liveness& live = checks_.live();
-    live.allreduce_max(detail::waiter::caller, nothing, "barrier",
-                       live.next_sequence(detail::waiter::caller));
-  }
+  void barrier() const;
 
   // ---- tensor collectives ------------------------------------------------------------------
 
@@ -223,16 +217,7 @@ protected:
 
   //! Duplicates `comm` (so that cohort's messages never match the user's) and works out the
   //! topology. Collective over `comm`.
-  void connect(const boost::mpi::communicator& comm) {
-    const detail::watch_scope watch(checks_.live().slot(detail::waiter::caller),
-                                    "communicator creation",
-                                    checks_.live().sequence(detail::waiter::caller), 0, true);
-    comm_ = checked_duplicate(comm);
-    layout_ = discover_topology(comm_, options().simulated_ranks_per_node);
-    grad_world_ = checked_duplicate(comm_);
-    grad_intra_ = checked_duplicate(layout_.intra);
-    grad_inter_ = checked_duplicate(layout_.inter);
-  }
+  void connect(const boost::mpi::communicator& comm);
 
   //! The communicators the gradient buckets travel on: duplicates of mpi_comm(), intra_comm()
   //! and inter_comm(), so that cohort's thread never shares a communicator with the caller's.
@@ -341,3 +326,7 @@ private:
 
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/communicator/impl/communicator_base.ipp>
+#endif

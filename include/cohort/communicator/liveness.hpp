@@ -223,16 +223,7 @@ private:
 
   // A peer that has left can no longer join this rendezvous: the job ends once the grace period
   // (for messages of a collective it did finish, overtaken by its notice) has passed.
-  void check_departures(watch_clock::time_point now, const char* operation,
-                        std::uint64_t sequence) {
-    const std::string departure = control_.departure(now, leave_grace());
-    if (departure.empty()) {
-      return;
-    }
-    end_job("cohort: rank " + std::to_string(rank_) + ": " + departure +
-            "; this rank waited for it in " + operation + " (#" + std::to_string(sequence) +
-            "), which it can never join; ending the job");
-  }
+  void check_departures(watch_clock::time_point now, const char* operation, std::uint64_t sequence);
 
   watch_clock::duration leave_grace() const noexcept {
     const watch_clock::duration grace = std::chrono::seconds(2);
@@ -288,3 +279,7 @@ private:
 } // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/communicator/impl/liveness.ipp>
+#endif

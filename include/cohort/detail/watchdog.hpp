@@ -71,10 +71,7 @@ using watch_clock = std::chrono::steady_clock;
 }
 
 //! "12.3 s", for messages.
-inline std::string describe_seconds(watch_clock::duration d) {
-  const auto tenths = std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
-  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
-}
+COHORT_DECL std::string describe_seconds(watch_clock::duration d);
 
 //! What one thread is waiting for in a blocking MPI call: written by that thread, read by the
 //! watchdog. All relaxed atomics: the watchdog only needs a recent view, never a consistent one.
@@ -99,21 +96,9 @@ public:
   }
 
   //! Starts watching `slot` (whose timeout must be positive). The thread starts on first use.
-  void add(watch_slot* slot) {
-    {
-      const std::lock_guard lock(mutex_);
-      slots_.push_back(slot);
-      if (!thread_.joinable()) {
-        thread_ = std::thread([this] { loop(); });
-      }
-    }
-    changed_.notify_one();
-  }
+  void add(watch_slot* slot);
 
-  void remove(watch_slot* slot) noexcept {
-    const std::lock_guard lock(mutex_);
-    slots_.erase(std::remove(slots_.begin(), slots_.end(), slot), slots_.end());
-  }
+  void remove(watch_slot* slot) noexcept;
 
   watchdog(const watchdog&) = delete;
   watchdog& operator=(const watchdog&) = delete;
@@ -131,46 +116,9 @@ private:
     }
   }
 
-  void loop() {
-    std::unique_lock lock(mutex_);
-    while (!stop_) {
-      if (slots_.empty()) {
-        changed_.wait(lock, [&] { return stop_ || !slots_.empty(); });
-        continue;
-      }
-      // Each slot is read a few times per its timeout, at most once per 10 ms.
-      auto period = std::chrono::duration_cast<watch_clock::duration>(std::chrono::seconds(1));
-      for (const watch_slot* slot : slots_) {
-        period = std::min(period, slot->timeout / 4);
-      }
-      period = std::max(
-          period, std::chrono::duration_cast<watch_clock::duration>(std::chrono::milliseconds(10)));
-      changed_.wait_for(lock, period);
-      const auto now = watch_clock::now().time_since_epoch().count();
-      for (const watch_slot* slot : slots_) {
-        const auto since = slot->since.load(std::memory_order_relaxed);
-        if (since != 0 && now - since > slot->timeout.count()) {
-          end_job(describe(*slot, watch_clock::duration(now - since)));
-        }
-      }
-    }
-  }
+  void loop();
 
-  static std::string describe(const watch_slot& slot, watch_clock::duration waited) {
-    const char* operation = slot.operation.load(std::memory_order_relaxed);
-    std::string message = "cohort: timeout on rank " + std::to_string(slot.rank) + ": " +
-                          (operation != nullptr ? operation : "an MPI call") + " (#" +
-                          std::to_string(slot.sequence.load(std::memory_order_relaxed)) + ", " +
-                          std::to_string(slot.bytes.load(std::memory_order_relaxed)) +
-                          " bytes) has waited " + describe_seconds(waited) + " (timeout " +
-                          describe_seconds(slot.timeout) + "); ";
-    message += slot.agreed.load(std::memory_order_relaxed)
-                   ? "every rank had arrived at it (they passed its agreement check), so a "
-                     "rank stalled or died inside the transfer"
-                   : "the ranks had not checked that they all arrived (the agreement check is "
-                     "off, or this call has none): a rank may never have called it";
-    return message + "; ending the job";
-  }
+  static std::string describe(const watch_slot& slot, watch_clock::duration waited);
 
   std::mutex mutex_;
   std::condition_variable changed_;
@@ -234,3 +182,7 @@ private:
 } // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/detail/impl/watchdog.ipp>
+#endif

@@ -32,28 +32,8 @@ inline void require_host(memory_location location, std::string_view operation) {
 }
 
 // dst[i] = To(src[i] * factor) for `count` elements; a plain copy when nothing changes.
-inline void scale_cast_n(const void* src, dtype from, void* dst, dtype to, std::size_t count,
-                         double factor) {
-  if (count == 0) {
-    return;
-  }
-  if (from == to && factor == 1.0) {
-    if (src != dst) {
-      std::memmove(dst, src, count * size_of(from));
-    }
-    return;
-  }
-  visit(from, [&]<class From>(std::type_identity<From>) {
-    visit(to, [&]<class To>(std::type_identity<To>) {
-      const scale_cast<From, To> f{static_cast<typename scale_cast<From, To>::compute>(factor)};
-      const auto* in = static_cast<const From*>(src);
-      auto* out = static_cast<To*>(dst);
-      for (std::size_t i = 0; i < count; ++i) {
-        out[i] = f(in[i]);
-      }
-    });
-  });
-}
+COHORT_DECL void scale_cast_n(const void* src, dtype from, void* dst, dtype to, std::size_t count,
+                              double factor);
 } // namespace detail
 
 //! The number of elements that `pack` writes for these tensors.
@@ -147,3 +127,7 @@ inline void reduce(tensor_view inout, const_tensor_view in, reduce_op op) {
 } // namespace kernels::host
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/kernels/impl/host.ipp>
+#endif

@@ -69,10 +69,7 @@ struct half_handles {
 };
 
 // Created on first use, after MPI_Init; MPI releases them at MPI_Finalize.
-inline const half_handles& halves() {
-  static const half_handles handles;
-  return handles;
-}
+COHORT_DECL const half_handles& halves();
 
 constexpr int op_index(reduce_op op) noexcept {
   return static_cast<int>(op);
@@ -124,3 +121,7 @@ inline MPI_Op op(reduce_op operation, dtype type) {
 } // namespace mpi
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/transport/impl/mpi_datatype.ipp>
+#endif

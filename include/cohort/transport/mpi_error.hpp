@@ -43,18 +43,7 @@ inline int world_rank() noexcept {
 
 //! Turns an MPI return code into an `engine_error` naming the operation, the rank and MPI's own
 //! message.
-inline void check(int code, std::string_view operation, MPI_Comm comm) {
-  if (code == MPI_SUCCESS) {
-    return;
-  }
-  char message[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  if (MPI_Error_string(code, message, &length) != MPI_SUCCESS) {
-    length = 0;
-  }
-  throw engine_error("MPI", std::string(operation), rank_of(comm), code,
-                     std::string(message, static_cast<std::size_t>(length)));
-}
+COHORT_DECL void check(int code, std::string_view operation, MPI_Comm comm);
 
 //! The number of ranks of `comm`.
 inline int comm_size(MPI_Comm comm) {
@@ -85,3 +74,7 @@ inline void return_errors(MPI_Comm comm) {
 } // namespace mpi
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/transport/impl/mpi_error.ipp>
+#endif

@@ -40,12 +40,7 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
 //! Throws `error` unless MPI is running.
-inline void require_mpi() {
-  if (!boost::mpi::environment::initialized() || boost::mpi::environment::finalized()) {
-    throw error("cohort: MPI is not running: create a boost::mpi::environment before a "
-                "cohort communicator, and keep it alive while the communicator is used");
-  }
-}
+COHORT_DECL void require_mpi();
 
 //! Runs a call's local checks and returns what they found ("" when the arguments are good)
 //! instead of throwing: a rank with bad input must still take part in the agreement, or the
@@ -105,94 +100,19 @@ public:
   //! `settle` for a call on one tensor: its count, its dtype and one integer detail (the op, the
   //! root) named `detail_name`.
   void agree(const char* operation, std::size_t count, dtype type, int detail_value,
-             std::string_view detail_name, const std::string& problem = {}) const {
-    fingerprint f;
-    f.add(operation).add(count).add(static_cast<std::uint64_t>(type));
-    f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(detail_value)));
-    settle(
-        operation, f.value(),
-        [&] {
-          std::string described = describe_tensor(count, type);
-          if (!detail_name.empty()) {
-            described +=
-                " (" + std::string(detail_name) + " " +
-                (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(detail_value)))
-                                     : std::to_string(detail_value)) +
-                ")";
-          }
-          return std::vector<signature_entry>{{"the tensor", described}};
-        },
-        problem, count * size_of(type));
-  }
+             std::string_view detail_name, const std::string& problem = {}) const;
 
   //! `settle` for a call whose only argument to compare is a root rank.
-  void agree_root(const char* operation, int root) const {
-    const std::string problem = local_checks([&] { check_root(root, operation); });
-    fingerprint f;
-    f.add(operation).add(static_cast<std::uint64_t>(root));
-    settle(
-        operation, f.value(),
-        [&] {
-          return std::vector<signature_entry>{{"the root", std::to_string(root)}};
-        },
-        problem);
-  }
+  void agree_root(const char* operation, int root) const;
 
   //! The strategy (its name and its type's) and every option, compared across ranks once when a
   //! communicator is made, whatever check_agreement says (ranks that disagree on it could not
   //! even agree to compare later). Throws `mismatch_error` on every rank naming the option.
-  void agree_on_options(std::string_view strategy, std::string_view strategy_type) const {
-    int ranks_per_node = 0;
-    const std::string problem = local_checks(
-        [&] { ranks_per_node = ranks_per_node_override(options_.simulated_ranks_per_node); });
-    const std::vector<std::pair<const char*, std::string>> values = {
-        {"the strategy", std::string(strategy)},
-        {"the strategy's type", std::string(strategy_type)},
-        {"check_agreement", options_.check_agreement ? "true" : "false"},
-        {"bucket_bytes", std::to_string(options_.bucket_bytes)},
-        {"first_bucket_bytes", std::to_string(options_.first_bucket_bytes)},
-        {"fusion_threshold_bytes", std::to_string(options_.fusion_threshold_bytes)},
-        {"timeout", std::to_string(options_.timeout.count()) + " ms"},
-        {"ranks per node (simulated_ranks_per_node or COHORT_RANKS_PER_NODE)",
-         ranks_per_node == 0 ? std::string("as MPI says") : std::to_string(ranks_per_node)}};
-    fingerprint f;
-    for (const auto& [name, value] : values) {
-      f.add(name).add(value);
-    }
-    f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
-    require_agreement(*live_, waiter::caller, "communicator creation",
-                      live_->next_sequence(waiter::caller), f.value(), [&] {
-                        std::vector<signature_entry> described;
-                        if (!problem.empty()) {
-                          described.push_back({"the call", "failed (" + problem + ")"});
-                        }
-                        for (const auto& [name, value] : values) {
-                          described.push_back({name, value});
-                        }
-                        return described;
-                      });
-    if (!problem.empty()) {
-      throw invalid_argument(problem);
-    }
-  }
+  void agree_on_options(std::string_view strategy, std::string_view strategy_type) const;
 
   //! Throws `error` unless MPI was started with MPI_THREAD_MULTIPLE, which a reduction on
   //! cohort's own thread needs.
-  void require_thread_multiple() const {
-    int level = MPI_THREAD_SINGLE;
-    mpi::check(MPI_Query_thread(&level), "MPI_Query_thread", MPI_COMM_WORLD);
-    if (level < MPI_THREAD_MULTIPLE) {
-      static constexpr const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
-                                              "MPI_THREAD_SERIALIZED"};
-      throw error("cohort: overlapping allreduce_grad with backward on rank " +
-                  std::to_string(rank()) +
-                  " needs MPI started with MPI_THREAD_MULTIPLE (cohort reduces on a thread of "
-                  "its own), and it was started with " +
-                  std::string(level >= 0 && level < 3 ? names[level] : "a lower level") +
-                  ": create the environment as boost::mpi::environment env(argc, argv, "
-                  "boost::mpi::threading::multiple)");
-    }
-  }
+  void require_thread_multiple() const;
 
   //! A blocking call after the rendezvous, watched by the watchdog.
   watch_scope watch_transfer(const char* operation, std::size_t bytes,
@@ -229,50 +149,15 @@ public:
   void check_peer(int peer, std::string_view operation) const {
     check_rank(peer, "peer", operation);
   }
-  void check_rank(int r, std::string_view role, std::string_view operation) const {
-    if (r < 0 || r >= size()) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) + ": " + std::string(role) + " " +
-                             std::to_string(r) + " is not a rank of this " +
-                             std::to_string(size()) + "-rank communicator");
-    }
-  }
+  void check_rank(int r, std::string_view role, std::string_view operation) const;
 
   //! `block` holds n elements and `whole` size() * n, of the same dtype.
   void check_blocks(const_tensor_view block, const_tensor_view whole,
-                    std::string_view operation) const {
-    const std::size_t expected = block.count * static_cast<std::size_t>(size());
-    if (block.type != whole.type) {
-      throw invalid_argument(
-          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
-          ": the per-rank tensor is " + std::string(to_string(block.type)) + " but the " +
-          std::to_string(size()) + "-rank tensor is " + std::string(to_string(whole.type)));
-    }
-    if (whole.count != expected) {
-      throw invalid_argument(
-          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
-          ": the per-rank tensor has " + std::to_string(block.count) + " elements, so the " +
-          std::to_string(size()) + "-rank tensor needs " + std::to_string(expected) +
-          ", but it has " + std::to_string(whole.count));
-    }
-  }
+                    std::string_view operation) const;
 
   //! Refuses device memory (`device == false`) or host memory (`device == true`), naming the
   //! strategies that take it.
-  void require_location(memory_location location, bool device, std::string_view operation) const {
-    if (device && location == memory_location::host) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) +
-                             ": this strategy reduces GPU memory, and the tensor is in host "
-                             "memory (use flat for host memory)");
-    }
-    if (!device && location == memory_location::device) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) +
-                             ": this strategy reduces host memory only, and the tensor is in "
-                             "device memory (use pure_nccl or host_staged)");
-    }
-  }
+  void require_location(memory_location location, bool device, std::string_view operation) const;
 
 private:
   template <class Describe>
@@ -300,3 +185,7 @@ private:
 } // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/communicator/detail/impl/checks.ipp>
+#endif

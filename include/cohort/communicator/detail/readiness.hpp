@@ -21,46 +21,11 @@ namespace detail {
 class readiness {
 public:
   //! A step of `gradients` gradients reduced as `plan` groups them: none ready.
-  void begin(const bucket_plan& plan, std::size_t gradients) {
-    ready_.assign(gradients, 0);
-    remaining_.clear();
-    for (const auto& b : plan.buckets()) {
-      remaining_.push_back(b.member_count);
-    }
-    seen_.clear();
-    seen_.reserve(gradients);
-    launched_ = 0;
-  }
+  void begin(const bucket_plan& plan, std::size_t gradients);
 
   //! Marks gradient `index` ready. Returns the new launch watermark (buckets [0, watermark) may
   //! leave) if it moved, or what is wrong with `index` (out of range, marked twice) as `problem`.
-  std::optional<std::size_t> mark(const bucket_plan& plan, std::size_t index,
-                                  std::string& problem) {
-    if (index >= ready_.size()) {
-      problem = "index " + std::to_string(index) + " is not a parameter of this " +
-                std::to_string(ready_.size()) + "-parameter set";
-      return std::nullopt;
-    }
-    if (ready_[index]) {
-      problem = "was marked ready twice in one step";
-      return std::nullopt;
-    }
-    ready_[index] = 1;
-    seen_.push_back(index);
-    const std::size_t b = plan.bucket_of(index);
-    if (b == bucket_plan::no_bucket || --remaining_[b] != 0) {
-      return std::nullopt;
-    }
-    std::size_t launched = launched_;
-    while (launched < remaining_.size() && remaining_[launched] == 0) {
-      ++launched;
-    }
-    if (launched == launched_) {
-      return std::nullopt;
-    }
-    launched_ = launched;
-    return launched;
-  }
+  std::optional<std::size_t> mark(const bucket_plan& plan, std::size_t index, std::string& problem);
 
   //! Every bucket may leave (the rest of the gradients are ready, or the step is abandoned).
   std::size_t launch_all() noexcept { return launched_ = remaining_.size(); }
@@ -84,3 +49,7 @@ private:
 } // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/communicator/detail/impl/readiness.ipp>
+#endif

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What checks.hpp declares and does not define inline: in every translation unit by default,
+// compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
+
+#include <cohort/communicator/detail/checks.hpp>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype type,
+                               int detail_value, std::string_view detail_name,
+                               const std::string& problem) const {
+  fingerprint f;
+  f.add(operation).add(count).add(static_cast<std::uint64_t>(type));
+  f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(detail_value)));
+  settle(
+      operation, f.value(),
+      [&] {
+        std::string described = describe_tensor(count, type);
+        if (!detail_name.empty()) {
+          described +=
+              " (" + std::string(detail_name) + " " +
+              (detail_name == "op" ? std::string(to_string(static_cast<reduce_op>(detail_value)))
+                                   : std::to_string(detail_value)) +
+              ")";
+        }
+        return std::vector<signature_entry>{{"the tensor", described}};
+      },
+      problem, count * size_of(type));
+}
+
+COHORT_DECL void checks::agree_root(const char* operation, int root) const {
+  const std::string problem = local_checks([&] { check_root(root, operation); });
+  fingerprint f;
+  f.add(operation).add(static_cast<std::uint64_t>(root));
+  settle(
+      operation, f.value(),
+      [&] {
+        return std::vector<signature_entry>{{"the root", std::to_string(root)}};
+      },
+      problem);
+}
+
+COHORT_DECL void checks::agree_on_options(std::string_view strategy,
+                                          std::string_view strategy_type) const {
+  int ranks_per_node = 0;
+  const std::string problem = local_checks(
+      [&] { ranks_per_node = ranks_per_node_override(options_.simulated_ranks_per_node); });
+  const std::vector<std::pair<const char*, std::string>> values = {
+      {"the strategy", std::string(strategy)},
+      {"the strategy's type", std::string(strategy_type)},
+      {"check_agreement", options_.check_agreement ? "true" : "false"},
+      {"bucket_bytes", std::to_string(options_.bucket_bytes)},
+      {"first_bucket_bytes", std::to_string(options_.first_bucket_bytes)},
+      {"fusion_threshold_bytes", std::to_string(options_.fusion_threshold_bytes)},
+      {"timeout", std::to_string(options_.timeout.count()) + " ms"},
+      {"ranks per node (simulated_ranks_per_node or COHORT_RANKS_PER_NODE)",
+       ranks_per_node == 0 ? std::string("as MPI says") : std::to_string(ranks_per_node)}};
+  fingerprint f;
+  for (const auto& [name, value] : values) {
+    f.add(name).add(value);
+  }
+  f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+  require_agreement(*live_, waiter::caller, "communicator creation",
+                    live_->next_sequence(waiter::caller), f.value(), [&] {
+                      std::vector<signature_entry> described;
+                      if (!problem.empty()) {
+                        described.push_back({"the call", "failed (" + problem + ")"});
+                      }
+                      for (const auto& [name, value] : values) {
+                        described.push_back({name, value});
+                      }
+                      return described;
+                    });
+  if (!problem.empty()) {
+    throw invalid_argument(problem);
+  }
+}
+
+COHORT_DECL void checks::require_thread_multiple() const {
+  int level = MPI_THREAD_SINGLE;
+  mpi::check(MPI_Query_thread(&level), "MPI_Query_thread", MPI_COMM_WORLD);
+  if (level < MPI_THREAD_MULTIPLE) {
+    static constexpr const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
+                                            "MPI_THREAD_SERIALIZED"};
+    throw error("cohort: overlapping allreduce_grad with backward on rank " +
+                std::to_string(rank()) +
+                " needs MPI started with MPI_THREAD_MULTIPLE (cohort reduces on a thread of "
+                "its own), and it was started with " +
+                std::string(level >= 0 && level < 3 ? names[level] : "a lower level") +
+                ": create the environment as boost::mpi::environment env(argc, argv, "
+                "boost::mpi::threading::multiple)");
+  }
+}
+
+COHORT_DECL void checks::check_rank(int r, std::string_view role,
+                                    std::string_view operation) const {
+  if (r < 0 || r >= size()) {
+    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                           std::to_string(rank()) + ": " + std::string(role) + " " +
+                           std::to_string(r) + " is not a rank of this " + std::to_string(size()) +
+                           "-rank communicator");
+  }
+}
+
+COHORT_DECL void checks::check_blocks(const_tensor_view block, const_tensor_view whole,
+                                      std::string_view operation) const {
+  const std::size_t expected = block.count * static_cast<std::size_t>(size());
+  if (block.type != whole.type) {
+    throw invalid_argument(
+        "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
+        ": the per-rank tensor is " + std::string(to_string(block.type)) + " but the " +
+        std::to_string(size()) + "-rank tensor is " + std::string(to_string(whole.type)));
+  }
+  if (whole.count != expected) {
+    throw invalid_argument(
+        "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
+        ": the per-rank tensor has " + std::to_string(block.count) + " elements, so the " +
+        std::to_string(size()) + "-rank tensor needs " + std::to_string(expected) +
+        ", but it has " + std::to_string(whole.count));
+  }
+}
+
+COHORT_DECL void checks::require_location(memory_location location, bool device,
+                                          std::string_view operation) const {
+  if (device && location == memory_location::host) {
+    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                           std::to_string(rank()) +
+                           ": this strategy reduces GPU memory, and the tensor is in host "
+                           "memory (use flat for host memory)");
+  }
+  if (!device && location == memory_location::device) {
+    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                           std::to_string(rank()) +
+                           ": this strategy reduces host memory only, and the tensor is in "
+                           "device memory (use pure_nccl or host_staged)");
+  }
+}
+
+COHORT_DECL void require_mpi() {
+  if (!boost::mpi::environment::initialized() || boost::mpi::environment::finalized()) {
+    throw error("cohort: MPI is not running: create a boost::mpi::environment before a "
+                "cohort communicator, and keep it alive while the communicator is used");
+  }
+}
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! The definitions of cohort's non-template engine, for a program that compiles them once: define
+//! COHORT_SEPARATE_COMPILATION in every translation unit of the program, and include this header
+//! in exactly one of them (see config.hpp).
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#error "cohort/src.hpp is for COHORT_SEPARATE_COMPILATION; without it the headers define it all"
+#endif
+
+#include <cohort/algorithm/impl/ring.ipp>
+#include <cohort/communicator/detail/impl/checks.ipp>
+#include <cohort/communicator/detail/impl/control_channel.ipp>
+#include <cohort/communicator/detail/impl/grad_sync.ipp>
+#include <cohort/communicator/detail/impl/parameter_broadcast.ipp>
+#include <cohort/communicator/detail/impl/readiness.ipp>
+#include <cohort/communicator/impl/agreement.ipp>
+#include <cohort/communicator/impl/bucket_plan.ipp>
+#include <cohort/communicator/impl/bucketed_reduction.ipp>
+#include <cohort/communicator/impl/communicator_base.ipp>
+#include <cohort/communicator/impl/gradients.ipp>
+#include <cohort/communicator/impl/liveness.ipp>
+#include <cohort/communicator/impl/topology.ipp>
+#include <cohort/detail/impl/watchdog.ipp>
+#include <cohort/impl/error.ipp>
+#include <cohort/kernels/impl/host.ipp>
+#include <cohort/transport/impl/mpi_datatype.ipp>
+#include <cohort/transport/impl/mpi_error.ipp>
