@@ -46,10 +46,15 @@ cohort::cuda_aware_flat make<cohort::cuda_aware_flat>(cohort::gpu_options,
 }
 
 // Mixed sizes and dtypes on the device; the same on the host for the oracle.
+// The oracle has the same buckets: the host's under the same options, with everything that fits a
+// bucket packed, as on the device.
 template <class Strategy, class Reducer>
-void check_allreduce_grad(Reducer reducer, double tolerance) {
-  auto comm = make<Strategy>();
-  auto oracle = cohort::make_communicator<cohort::flat>();
+void check_allreduce_grad(Reducer reducer, double tolerance,
+                          cohort::communicator_options options = {}) {
+  auto comm = make<Strategy>({}, options);
+  cohort::communicator_options packed = options;
+  packed.fusion_threshold_bytes = options.bucket_bytes;
+  auto oracle = cohort::make_communicator<cohort::flat>(packed);
   const int r = comm.rank();
   const std::size_t sizes[] = {0, 1, 7, 1000, 4099};
   std::vector<std::vector<float>> host_values, host_grads;
@@ -81,6 +86,7 @@ void check_allreduce_grad(Reducer reducer, double tolerance) {
                                       << expected);
     }
   }
+  BOOST_CHECK_EQUAL(comm.bucket_count(), oracle.bucket_count());
 }
 } // namespace
 
@@ -88,6 +94,17 @@ BOOST_AUTO_TEST_CASE(pure_nccl_mean_sum_and_compressed_match_the_oracle) {
   check_allreduce_grad<cohort::pure_nccl>(cohort::mean{}, 1e-6);
   check_allreduce_grad<cohort::pure_nccl>(cohort::sum{}, 0.0);
   check_allreduce_grad<cohort::pure_nccl>(cohort::compressed<cohort::float16>{}, 4e-3);
+}
+
+BOOST_AUTO_TEST_CASE(device_buckets_follow_the_bucket_options) {
+  // Buckets of 64 bytes after a first of 16: many buckets, packed, and the tensors of 1000 and
+  // 4099 floats in place.
+  const cohort::communicator_options small{.bucket_bytes = 64, .first_bucket_bytes = 16};
+  check_allreduce_grad<cohort::pure_nccl>(cohort::mean{}, 1e-6, small);
+  check_allreduce_grad<cohort::pure_nccl>(cohort::compressed<cohort::float16>{}, 4e-3, small);
+  check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6, small);
+  check_allreduce_grad<cohort::hierarchical<cohort::nccl_links>>(cohort::mean{}, 1e-6, small);
+  check_allreduce_grad<cohort::pure_nccl>(cohort::sum{}, 0.0, {.bucket_bytes = 0});
 }
 
 // Gradients of 16-bit and integer dtypes: the mean of fp16 divides before the sum, the mean of

@@ -291,7 +291,8 @@ public:
     return sync_ != nullptr ? sync_->bucket_buffer_bytes() : 0;
   }
 
-  //! Buckets (collectives) per step of the last layout reduced (0 for device strategies).
+  //! Buckets (collectives) per step of the last layout reduced (device strategies hide this with
+  //! their own count).
   std::size_t bucket_count() const noexcept { return sync_ != nullptr ? sync_->bucket_count() : 0; }
 
 protected:
@@ -314,22 +315,42 @@ protected:
     return layout;
   }
 
-  //! `agreed_parameters` for a device strategy's own path (taken when
-  //! `detail::any_parameter_on_device`): every value in device memory, and `check(view, what)`
-  //! for what else the strategy asks of it.
-  template <parameter_set Params, class Check>
-  detail::parameter_layout agreed_device_parameters(Params& params, int root, Check&& check) const {
-    return agreed_parameters(params, root, [&](auto& value, const std::string& what) {
-      const tensor_view v = make_view(value, what);
-      if (v.location == memory_location::host) {
-        throw invalid_argument("cohort: broadcast_parameters on rank " + std::to_string(rank()) +
-                               ": " + what +
-                               " is in host memory but others are in device memory; keep a "
-                               "model's parameters in one kind of memory");
-      }
-      check(v, what);
-      return v;
-    });
+  //! `broadcast_parameters` for a strategy that moves device memory itself: parameters in host
+  //! memory take the host path; otherwise the ranks agree on the layout (every value in device
+  //! memory, and `check(view, what)` for what else the strategy asks of it), and then, watched,
+  //! `move(values)` copies every value from `root`.
+  template <parameter_set Params, class Check, class Move>
+  void broadcast_device_parameters(Params& params, int root, Check&& check, Move&& move) {
+    if (!detail::any_parameter_on_device(params)) {
+      return basic_communicator::broadcast_parameters(params, root);
+    }
+    detail::operation_scope scope("broadcast_parameters");
+    const detail::parameter_layout layout =
+        agreed_parameters(params, root, [&](auto& value, const std::string& what) {
+          const tensor_view v = make_view(value, what);
+          if (v.location == memory_location::host) {
+            throw invalid_argument("cohort: broadcast_parameters on rank " +
+                                   std::to_string(rank()) + ": " + what +
+                                   " is in host memory but others are in device memory; keep a "
+                                   "model's parameters in one kind of memory");
+          }
+          check(v, what);
+          return v;
+        });
+    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
+    const auto watch = watch_transfer("broadcast_parameters", 0);
+    move(std::span<const tensor_view>(layout.values));
+  }
+
+  //! How gradients are grouped into buckets under `options`, for this strategy (which may say
+  //! otherwise with a static `bucket_limits_for(options)`: naive does, with none).
+  static detail::bucket_limits bucketing(const communicator_options& options) {
+    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
+      return Strategy::bucket_limits_for(options);
+    } else {
+      return {options.bucket_bytes, options.first_bucket_bytes,
+              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
+    }
   }
 
   //! Whether the strategy reduces device memory (it says so with `static constexpr bool
@@ -433,15 +454,6 @@ private:
       auto it = std::ranges::begin(params);
       std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
       sync_->mark_reread(index, detail::collect_one(*it, sync_->missing()));
-    }
-  }
-
-  static detail::bucket_limits bucketing(const communicator_options& options) {
-    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
-      return Strategy::bucket_limits_for(options);
-    } else {
-      return {options.bucket_bytes, options.first_bucket_bytes,
-              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
     }
   }
 

@@ -33,8 +33,10 @@ namespace detail {
 //! each nothing is allocated.
 class bucketed_reduction {
 public:
-  explicit bucketed_reduction(bucket_limits limits)
-      : limits_(limits) {
+  //! `host_buffers` false: the plans only, for a packer with buffers of its own (the device's).
+  explicit bucketed_reduction(bucket_limits limits, bool host_buffers = true)
+      : limits_(limits)
+      , host_buffers_(host_buffers) {
     entries_.reserve(max_layouts);
     limits_.first_bucket_bytes = std::min(limits_.first_bucket_bytes, limits_.bucket_bytes);
   }
@@ -137,6 +139,7 @@ private:
   static void own_buffers_of(entry& e);
 
   bucket_limits limits_;
+  bool host_buffers_ = true;
   std::vector<entry> entries_;
   entry* current_ = nullptr;
   std::uint64_t clock_ = 0;

@@ -54,7 +54,8 @@ public:
   static constexpr std::string_view name = "cuda_aware_flat";
 
   explicit cuda_aware_flat(const boost::mpi::communicator& comm, communicator_options options = {})
-      : base(comm, options) {
+      : base(comm, options)
+      , fused_(detail::device_bucket_limits(options)) {
     // Every rank runs the same MPI library: every rank throws alike.
     if (!mpi_is_cuda_aware()) {
       throw invalid_argument("cohort: cuda_aware_flat on rank " + std::to_string(rank()) +
@@ -64,6 +65,9 @@ public:
   }
 
   static constexpr bool reduces_gpu_memory = true;
+
+  //! Buckets (collectives) per step of the last layout reduced: the host strategies' plan.
+  std::size_t bucket_count() const noexcept { return fused_.bucket_count(); }
 
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
@@ -76,25 +80,22 @@ public:
   //! host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!detail::any_parameter_on_device(params)) {
-      return base::broadcast_parameters(params, root);
-    }
-    detail::operation_scope scope("broadcast_parameters");
-    const detail::parameter_layout layout =
-        agreed_device_parameters(params, root, [](const tensor_view&, const std::string&) {});
-    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
-    const auto watch = watch_transfer("broadcast_parameters", 0);
-    const cudaStream_t s = streams_.begin();
-    broadcast_.run(
-        layout.values, rank() == root, options().bucket_bytes, options().fusion_threshold_bytes, s,
-        [&](void* data, std::size_t bytes) {
-          // MPI does not order itself on CUDA streams: on the root the pack (and the
-          // user's work before it) must be done before MPI reads; elsewhere the unpack
-          // of the last bucket, before MPI overwrites the buffer.
-          cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-          mpi::broadcast(mpi_comm(), {data, bytes, dtype::uint8, memory_location::device}, root);
+    broadcast_device_parameters(
+        params, root, [](const tensor_view&, const std::string&) {},
+        [&](std::span<const tensor_view> values) {
+          const cudaStream_t s = streams_.begin();
+          broadcast_.run(values, rank() == root, options().bucket_bytes,
+                         options().fusion_threshold_bytes, s, [&](void* data, std::size_t bytes) {
+                           // MPI does not order itself on CUDA streams: on the root the pack (and
+                           // the user's work before it) must be done before MPI reads; elsewhere
+                           // the unpack of the last bucket, before MPI overwrites the buffer.
+                           cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+                           mpi::broadcast(mpi_comm(),
+                                          {data, bytes, dtype::uint8, memory_location::device},
+                                          root);
+                         });
+          streams_.end();
         });
-    streams_.end();
   }
 
 private:

@@ -7,10 +7,14 @@
 #endif
 
 #include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/bucketed_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/pack.cuh>
+#include <cohort/kernels/scale.cuh>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
@@ -25,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,48 +40,76 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
-//! The device counterpart of bucketed_reduction, one bucket per dtype: the gradients of each
-//! dtype packed by one kernel launch into a reused device buffer in the reducer's wire dtype (cast
-//! and pre-scaled on the way), handed to `exchange`, and unpacked by one launch (post-scaled), all
-//! queued on `stream`.
-//! Nothing is allocated once the buffers have grown to the model's size.
+//! The device strategies' buckets: the host strategies' sizes, with every gradient that fits a
+//! bucket packed. `fusion_threshold_bytes` is a host setting: on the device a copy costs far less
+//! than a collective's latency, so only a gradient larger than a bucket is reduced in place.
+inline bucket_limits device_bucket_limits(const communicator_options& options) {
+  return {options.bucket_bytes, options.first_bucket_bytes, options.bucket_bytes};
+}
+
+//! The device packer of `bucketed_reduction`: the buckets of the host strategies (the plan that
+//! `bucket_bytes`, `first_bucket_bytes` and `fusion_threshold_bytes` make, kept per layout), each
+//! packed by one kernel launch into a reused device buffer in the reducer's wire dtype (cast and
+//! pre-scaled on the way), handed to `exchange`, and unpacked by one launch (post-scaled); a
+//! gradient alone in an in-place bucket is scaled and exchanged where it lies. All queued on
+//! `stream`. Nothing is allocated once the buffer has grown to the largest bucket.
 class device_fused_reduction {
 public:
+  explicit device_fused_reduction(bucket_limits limits)
+      : plans_(limits, /*host_buffers=*/false) {}
+
   template <class Exchange>
   void run(std::span<const grad_slot> slots, const reduction_table& reduction, cudaStream_t stream,
            Exchange&& exchange) {
-    for (const dtype type : all_dtypes) {
-      sources_.clear();
-      targets_.clear();
-      for (const auto& slot : slots) {
-        if (slot.grad.type == type && slot.grad.count != 0) {
-          sources_.push_back(slot.grad);
-          targets_.push_back(slot.grad);
-        }
-      }
-      if (targets_.empty()) {
+    const bucket_plan& plan = plans_.prepare(slots, reduction);
+    const auto buckets = plan.buckets();
+    // Grown before the first launch: growing between buckets would free memory that queued work
+    // still reads.
+    std::size_t largest = 0;
+    for (const bucket& k : buckets) {
+      largest = std::max(largest, k.in_place ? 0 : k.count * size_of(k.plan.wire));
+    }
+    void* const buffer = buffer_.reserve(largest);
+    while (workspaces_.size() < buckets.size()) {
+      workspaces_.push_back(std::make_unique<bucket_workspaces>());
+    }
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const bucket& k = buckets[b];
+      const auto members = plan.members(k);
+      if (k.in_place) {
+        const tensor_view grad = slots[members.front()].grad;
+        kernels::device::scale(grad, k.plan.pre_scale, stream);
+        exchange(grad, k.plan.op);
+        kernels::device::scale(grad, k.plan.post_scale, stream);
         continue;
       }
-      const grad_reduction& plan = reduction(type);
-      std::size_t count = 0;
-      for (const auto& t : targets_) {
-        count += t.count;
+      sources_.clear();
+      targets_.clear();
+      for (const std::size_t s : members) {
+        sources_.push_back(slots[s].grad);
+        targets_.push_back(slots[s].grad);
       }
-      const tensor_view packed{buffer_.reserve(count * size_of(plan.wire)), count, plan.wire,
-                               memory_location::device};
-      const auto index = static_cast<std::size_t>(type);
-      kernels::device::pack(sources_, packed, plan.pre_scale, stream, pack_workspaces_[index]);
-      exchange(packed, plan.op);
-      kernels::device::unpack(packed, targets_, plan.post_scale, stream, unpack_workspaces_[index]);
+      const tensor_view packed{buffer, k.count, k.plan.wire, memory_location::device};
+      kernels::device::pack(sources_, packed, k.plan.pre_scale, stream, workspaces_[b]->pack);
+      exchange(packed, k.plan.op);
+      kernels::device::unpack(packed, targets_, k.plan.post_scale, stream, workspaces_[b]->unpack);
     }
   }
 
+  //! Buckets of the last layout reduced.
+  std::size_t bucket_count() const noexcept { return plans_.bucket_count(); }
+
 private:
-  cuda::device_buffer buffer_;
-  // One table per dtype and direction: the host never waits, in the middle of a step, for the
+  // One table per bucket and direction: the host never waits, in the middle of a step, for the
   // copy of a table that the same step queued earlier.
-  std::array<kernels::device::batch_workspace, std::size(all_dtypes)> pack_workspaces_;
-  std::array<kernels::device::batch_workspace, std::size(all_dtypes)> unpack_workspaces_;
+  struct bucket_workspaces {
+    kernels::device::batch_workspace pack;
+    kernels::device::batch_workspace unpack;
+  };
+
+  bucketed_reduction plans_;
+  cuda::device_buffer buffer_;
+  std::vector<std::unique_ptr<bucket_workspaces>> workspaces_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
 };

@@ -4,6 +4,7 @@
 #include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/options.hpp>
+#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 
 #include <string_view>
@@ -34,12 +35,10 @@ private:
   friend base;
 
   void exchange(tensor_view bucket, reduce_op op) {
-    Intra::reduce(this->grad_intra_comm(), bucket, op, 0);
-    if (this->intra_rank() == 0) {
-      // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
-      Inter::allreduce(this->grad_inter_comm(), bucket, op);
-    }
-    Intra::broadcast(this->grad_intra_comm(), bucket, 0);
+    // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
+    detail::hierarchical_exchange(detail::mpi_link<Intra>{this->grad_intra_comm()},
+                                  detail::mpi_link<Inter>{this->grad_inter_comm()},
+                                  this->intra_rank() == 0, bucket, op);
   }
 };
 

@@ -136,9 +136,13 @@ public:
   static constexpr std::string_view name = "host_staged";
 
   explicit host_staged(const boost::mpi::communicator& comm, communicator_options options = {})
-      : base(comm, options) {}
+      : base(comm, options)
+      , fused_(detail::device_bucket_limits(options)) {}
 
   static constexpr bool reduces_gpu_memory = true;
+
+  //! Buckets (collectives) per step of the last layout reduced: the host strategies' plan.
+  std::size_t bucket_count() const noexcept { return fused_.bucket_count(); }
 
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
@@ -185,21 +189,18 @@ public:
   //! differ). Parameters in host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!detail::any_parameter_on_device(params)) {
-      return base::broadcast_parameters(params, root);
-    }
-    detail::operation_scope scope("broadcast_parameters");
-    const detail::parameter_layout layout =
-        agreed_device_parameters(params, root, [](const tensor_view&, const std::string&) {});
-    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
-    const auto watch = watch_transfer("broadcast_parameters", 0);
-    const cudaStream_t s = streams_.begin();
-    staging_.broadcast(
-        layout.values, rank() == root, options().bucket_bytes, s,
-        [&](void* host, std::size_t bytes) {
-          mpi::broadcast(mpi_comm(), {host, bytes, dtype::uint8, memory_location::host}, root);
+    broadcast_device_parameters(
+        params, root, [](const tensor_view&, const std::string&) {},
+        [&](std::span<const tensor_view> values) {
+          const cudaStream_t s = streams_.begin();
+          staging_.broadcast(values, rank() == root, options().bucket_bytes, s,
+                             [&](void* host, std::size_t bytes) {
+                               mpi::broadcast(mpi_comm(),
+                                              {host, bytes, dtype::uint8, memory_location::host},
+                                              root);
+                             });
+          streams_.end();
         });
-    streams_.end();
   }
 
 private:

@@ -50,7 +50,8 @@ class nccl_strategy : public basic_communicator<Strategy> {
 public:
   nccl_strategy(const boost::mpi::communicator& comm, communicator_options options, gpu_options gpu)
       : base(comm, options)
-      , gpu_(gpu) {}
+      , gpu_(gpu)
+      , fused_(device_bucket_limits(options)) {}
 
   static constexpr bool reduces_gpu_memory = true;
 
@@ -62,6 +63,9 @@ public:
   void check_gradient_memory(const grad_slot& slot) {
     check_device(slot.grad.data, "parameter '" + std::string(slot.name) + "'");
   }
+
+  //! Buckets (collectives) per step of the last layout reduced: the host strategies' plan.
+  std::size_t bucket_count() const noexcept { return fused_.bucket_count(); }
 
   //! Blocks until cohort's queued work is done (needed only with gpu_options::timeout zero).
   void synchronize() const { streams_.synchronize(); }
@@ -218,21 +222,18 @@ public:
   //! in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!any_parameter_on_device(params)) {
-      return base::broadcast_parameters(params, root);
-    }
-    operation_scope scope("broadcast_parameters");
-    const parameter_layout layout = this->agreed_device_parameters(
+    this->broadcast_device_parameters(
         params, root,
-        [&](const tensor_view& v, const std::string& what) { check_device(v.data, what); });
-    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
-    const auto watch = this->watch_transfer("broadcast_parameters", 0);
-    enqueue("broadcast_parameters", [&](nccl::communicator& c, cudaStream_t s) {
-      broadcast_.run(layout.values, this->rank() == root, this->options().bucket_bytes,
-                     this->options().fusion_threshold_bytes, s, [&](void* data, std::size_t bytes) {
-                       nccl::broadcast(c, data, bytes, dtype::uint8, root, s);
-                     });
-    });
+        [&](const tensor_view& v, const std::string& what) { check_device(v.data, what); },
+        [&](std::span<const tensor_view> values) {
+          enqueue("broadcast_parameters", [&](nccl::communicator& c, cudaStream_t s) {
+            broadcast_.run(values, this->rank() == root, this->options().bucket_bytes,
+                           this->options().fusion_threshold_bytes, s,
+                           [&](void* data, std::size_t bytes) {
+                             nccl::broadcast(c, data, bytes, dtype::uint8, root, s);
+                           });
+          });
+        });
   }
 
 protected:

@@ -2,7 +2,8 @@
 #pragma once
 
 // hierarchical<nccl_links, Inter> and two_dimensional<nccl_links, Inter>: the two-level
-// strategies on GPU memory, as ChainerMN's hierarchical and two_dimensional were. Inside the node,
+// strategies on GPU memory, as ChainerMN's hierarchical and two_dimensional were; their exchanges
+// are the host strategies' (two_level.hpp), over other links. Inside the node,
 // NCCL on a communicator of the node's ranks; between nodes, `Inter` (MPI on host memory) on a
 // copy staged through pinned memory, as host_staged does. The parameter broadcast is staged the
 // same way; everything else (device collectives over all ranks, host tensors, objects) is
@@ -21,6 +22,7 @@
 #include <cohort/communicator/nccl_strategy.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
+#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
@@ -45,6 +47,44 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
+
+//! NCCL on the node's communicator, on one stream: the inside of two_level.hpp's exchanges.
+struct nccl_node_link {
+  nccl::communicator& comm;
+  cudaStream_t stream;
+  int rank_;
+  int size_;
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  void reduce(tensor_view data, reduce_op op, int root) const {
+    nccl::reduce(comm, data.data, data.data, data.count, data.type, op, root, stream);
+  }
+  void broadcast(tensor_view data, int root) const {
+    nccl::broadcast(comm, data.data, data.count, data.type, root, stream);
+  }
+  // Block i reduced to rank i: a reduce-scatter with blocks of unequal sizes, in one group.
+  void reduce_scatter(tensor_view data, reduce_op op) const {
+    nccl::group_guard group;
+    for (int i = 0; i < size_; ++i) {
+      reduce(node_block(data, size_, i), op, i);
+    }
+    group.end(comm);
+  }
+  void allgather(tensor_view data) const {
+    nccl::group_guard group;
+    for (int i = 0; i < size_; ++i) {
+      broadcast(node_block(data, size_, i), i);
+    }
+    group.end(comm);
+  }
+};
+
+//! Between nodes: `all_reduce(data, op)`, a staged MPI all-reduce of device memory.
+template <class AllReduce>
+struct staged_link {
+  AllReduce all_reduce;
+  void allreduce(tensor_view data, reduce_op op) const { all_reduce(data, op); }
+};
 
 //! What both GPU two-level strategies share: the NCCL communicator of the node (made at the first
 //! gradient reduction, on the device current then), and the staging of a device range through
@@ -98,22 +138,19 @@ public:
   //! memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    if (!any_parameter_on_device(params)) {
-      return basic_communicator<Strategy>::broadcast_parameters(params, root);
-    }
-    operation_scope scope("broadcast_parameters");
-    const parameter_layout layout =
-        this->agreed_device_parameters(params, root, [](const tensor_view&, const std::string&) {});
-    // After the ranks agreed: the transfers are watched (a rank stalled in them ends the job).
-    const auto watch = this->watch_transfer("broadcast_parameters", 0);
-    device_streams& streams = this->streams();
-    const cudaStream_t s = streams.begin();
-    staging_.broadcast(layout.values, this->rank() == root, this->options().bucket_bytes, s,
-                       [&](void* host, std::size_t bytes) {
-                         mpi::broadcast(this->mpi_comm(),
-                                        {host, bytes, dtype::uint8, memory_location::host}, root);
-                       });
-    streams.end();
+    this->broadcast_device_parameters(
+        params, root, [](const tensor_view&, const std::string&) {},
+        [&](std::span<const tensor_view> values) {
+          device_streams& streams = this->streams();
+          const cudaStream_t s = streams.begin();
+          staging_.broadcast(values, this->rank() == root, this->options().bucket_bytes, s,
+                             [&](void* host, std::size_t bytes) {
+                               mpi::broadcast(this->mpi_comm(),
+                                              {host, bytes, dtype::uint8, memory_location::host},
+                                              root);
+                             });
+          streams.end();
+        });
   }
 
 protected:
@@ -126,6 +163,17 @@ protected:
       intra_.emplace(this->intra_comm(), this->gpu().timeout, this->options().timeout);
     }
     return *intra_;
+  }
+
+  //! The links of one bucket's exchange on stream `s`: NCCL inside the node, `Inter` between
+  //! nodes on copies staged through pinned memory.
+  nccl_node_link node_link(nccl::communicator& intra, cudaStream_t s) {
+    return {intra, s, this->intra_rank(), this->intra_size()};
+  }
+  auto network_link(cudaStream_t s) {
+    return staged_link{[this, s](tensor_view part, reduce_op op) {
+      staged_allreduce(this->inter_comm(), part, op, s);
+    }};
   }
 
   //! All-reduces `part` (device memory, queued on `s`) over `comm` with `Inter`: copied to pinned
@@ -184,12 +232,9 @@ private:
   // On the node's communicator (bucket_comm).
   void exchange_bucket(nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
-    nccl::reduce(intra, packed.data, packed.data, packed.count, packed.type, op, 0, s);
-    if (this->intra_rank() == 0) {
-      // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
-      this->staged_allreduce(this->inter_comm(), packed, op, s);
-    }
-    nccl::broadcast(intra, packed.data, packed.count, packed.type, 0, s);
+    // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
+    detail::hierarchical_exchange(this->node_link(intra, s), this->network_link(s),
+                                  this->intra_rank() == 0, packed, op);
   }
 };
 
@@ -218,28 +263,7 @@ private:
   // On the node's communicator (bucket_comm).
   void exchange_bucket(nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
-    const int k = this->intra_size();
-    const auto block = [&](int i) {
-      const auto [begin, count] = algorithm::ring_block(packed.count, k, i);
-      return tensor_view{static_cast<std::byte*>(packed.data) + begin * size_of(packed.type), count,
-                         packed.type, packed.location};
-    };
-    {
-      // Block i reduced to rank i: a reduce-scatter with blocks of unequal sizes.
-      nccl::group_guard group;
-      for (int i = 0; i < k; ++i) {
-        const tensor_view b = block(i);
-        nccl::reduce(intra, b.data, b.data, b.count, b.type, op, i, s);
-      }
-      group.end(intra);
-    }
-    this->staged_allreduce(this->inter_comm(), block(this->intra_rank()), op, s);
-    nccl::group_guard group;
-    for (int i = 0; i < k; ++i) {
-      const tensor_view b = block(i);
-      nccl::broadcast(intra, b.data, b.count, b.type, i, s);
-    }
-    group.end(intra);
+    detail::two_dimensional_exchange(this->node_link(intra, s), this->network_link(s), packed, op);
   }
 };
 

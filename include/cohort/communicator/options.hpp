@@ -28,7 +28,8 @@ struct communicator_options {
   //! collective, so that many small tensors cost a few latencies instead of one each. 4 MiB keeps
   //! the packing in cache and the messages where MPI's all-reduce is fast on the figures of
   //! bench/grad_sync (PyTorch DDP's default is 25 MiB, for networks of higher latency). 0 puts
-  //! every gradient in a bucket of its own (as `naive` does).
+  //! every gradient in a bucket of its own (as `naive` does). The GPU strategies use the same
+  //! buckets, packed on the device.
   std::size_t bucket_bytes = std::size_t{4} << 20;
 
   //! The limit of the first bucket of each dtype (the gradients that become ready first): smaller,
@@ -40,7 +41,8 @@ struct communicator_options {
   //! bucket of its own, not copied: fusing saves one all-reduce latency per tensor but costs two
   //! passes over the tensor's memory, and past this size the copies cost more than the latency
   //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce, README); on
-  //! a network with a higher latency, a larger value fuses more.
+  //! a network with a higher latency, a larger value fuses more. The GPU strategies pack every
+  //! gradient that fits a bucket: a device copy costs less than a collective's latency.
   std::size_t fusion_threshold_bytes = std::size_t{64} << 10;
 
   //! How long any MPI operation cohort runs may wait for the other ranks before the job is ended

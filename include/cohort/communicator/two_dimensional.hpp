@@ -6,6 +6,7 @@
 #include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/options.hpp>
+#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 
@@ -78,14 +79,10 @@ private:
   }
 
   void exchange(tensor_view bucket, reduce_op op) {
-    algorithm::ring_reduce_scatter(this->grad_intra_comm(), bucket, op, {}, ring_);
-    const auto [begin, count] =
-        algorithm::ring_block(bucket.count, this->intra_size(), this->intra_rank());
-    Inter::allreduce(this->grad_inter_comm(),
-                     {static_cast<std::byte*>(bucket.data) + begin * size_of(bucket.type), count,
-                      bucket.type, bucket.location},
-                     op);
-    algorithm::ring_allgather(this->grad_intra_comm(), bucket, {}, ring_);
+    detail::two_dimensional_exchange(detail::mpi_ring_link{this->grad_intra_comm(),
+                                                           this->intra_rank(), this->intra_size(),
+                                                           ring_},
+                                     detail::mpi_link<Inter>{this->grad_inter_comm()}, bucket, op);
   }
 
   algorithm::ring_workspace ring_;

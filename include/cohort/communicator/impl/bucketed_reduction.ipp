@@ -101,6 +101,9 @@ COHORT_DECL void bucketed_reduction::build(entry& e, std::span<const grad_slot> 
                                            std::span<const std::size_t> order,
                                            const reduction_table& reduction) {
   e.plan.build(slots, order, reduction, limits_);
+  if (!host_buffers_) {
+    return;
+  }
   std::size_t largest = 0;
   for (const auto& b : e.plan.buckets()) {
     largest = std::max(largest, b.in_place ? 0 : b.count * size_of(b.plan.wire));
