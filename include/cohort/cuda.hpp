@@ -11,8 +11,8 @@
 #endif
 
 #include <cohort/cohort.hpp>
-#include <cohort/communicator/cuda_aware_flat.hpp>
-#include <cohort/communicator/host_staged.hpp>
+#include <cohort/communicator/gpu/cuda_aware_flat.hpp>
+#include <cohort/communicator/gpu/host_staged.hpp>
 #include <cohort/kernels/batch.hpp>
 #include <cohort/kernels/cast.cuh>
 #include <cohort/kernels/pack.cuh>

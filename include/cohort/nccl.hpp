@@ -9,9 +9,9 @@
     "<cohort/nccl.hpp> is for translation units compiled by nvcc; in host code include <cohort/cohort.hpp> (and <cohort/transport/nccl.hpp> for the NCCL bindings)"
 #endif
 
-#include <cohort/communicator/any_gpu_communicator.hpp>
-#include <cohort/communicator/nccl_two_level.hpp>
-#include <cohort/communicator/pure_nccl.hpp>
-#include <cohort/communicator/single_node.hpp>
+#include <cohort/communicator/gpu/any_communicator.hpp>
+#include <cohort/communicator/gpu/pure_nccl.hpp>
+#include <cohort/communicator/gpu/single_node.hpp>
+#include <cohort/communicator/gpu/two_level.hpp>
 #include <cohort/cuda.hpp>
 #include <cohort/transport/nccl.hpp>

@@ -106,20 +106,7 @@ public:
   //! A communicator of the same strategy over the ranks that pass the same `color` (>= 0),
   //! ordered by `key`. Collective. The options are kept (ChainerMN's split lost them).
   Strategy split(int color, int key) const {
-    detail::operation_scope scope("split");
-    const std::string problem = detail::local_checks([&] {
-      if (color < 0) {
-        throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
-                               ": color must be >= 0, not " + std::to_string(color));
-      }
-    });
-    checks().settle("split", detail::fingerprint{}.value(), nullptr, problem);
-    MPI_Comm part = MPI_COMM_NULL;
-    {
-      const auto watch = checks().watch_transfer("split", 0);
-      mpi::check(MPI_Comm_split(mpi_comm(), color, key, &part), "MPI_Comm_split", mpi_comm());
-    }
-    return Strategy(detail::adopt(part), options());
+    return Strategy(detail::adopt(split_comm(color, key)), options());
   }
 
   // ---- parameters and gradients ------------------------------------------------------------
@@ -416,45 +403,20 @@ private:
     detail::operation_scope scope("allreduce_grad");
     require_overlap_possible(owner);
     collect_gradients(params, options.missing, sync_->slots(), sync_->names());
-    if constexpr (remembers_elements<Params>) {
-      auto& elements = sync_->elements();
-      elements.clear(); // keeps its capacity: no allocation after the first step
-      for (auto& p : params) {
-        elements.push_back(const_cast<void*>(static_cast<const void*>(std::addressof(p))));
-      }
-    }
+    detail::remember_elements(params, sync_->elements());
     sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
                  options.missing, owner, local_problem());
   }
 
-  // Under the engine's mutex: reads parameter `index` again (O(1) where the set is random
-  // access) and marks it ready.
-  // A set whose elements are not reached by index but live at stable addresses: their addresses
-  // are kept when a reduction begins, for `grad_ready`.
-  template <class Params>
-  static constexpr bool remembers_elements =
-      !std::ranges::random_access_range<Params> &&
-      std::is_lvalue_reference_v<std::ranges::range_reference_t<Params>>;
-
+  // Under the engine's mutex: reads parameter `index` again and marks it ready.
   template <parameter_set Params>
   void reread_and_mark(Params& params, std::size_t index) {
     if (!sync_->needs_reread(index)) {
       sync_->mark(index);
       return;
     }
-    if constexpr (std::ranges::random_access_range<Params>) {
-      sync_->mark_reread(index,
-                         detail::collect_one(std::ranges::begin(params)[index], sync_->missing()));
-    } else if constexpr (remembers_elements<Params>) {
-      auto* p = static_cast<std::remove_reference_t<std::ranges::range_reference_t<Params>>*>(
-          sync_->elements()[index]);
-      sync_->mark_reread(index, detail::collect_one(*p, sync_->missing()));
-    } else {
-      // Elements given by value (a view that makes them): no address outlives the walk.
-      auto it = std::ranges::begin(params);
-      std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
-      sync_->mark_reread(index, detail::collect_one(*it, sync_->missing()));
-    }
+    sync_->mark_reread(
+        index, detail::reread_parameter(params, index, sync_->elements(), sync_->missing()));
   }
 
   std::unique_ptr<detail::grad_sync> sync_;

@@ -72,6 +72,12 @@ public:
   //! timeout, naming it.
   void barrier() const;
 
+protected:
+  //! The MPI communicator of `split` (collective): the ranks that pass the same `color` (>= 0),
+  //! ordered by `key`; a bad color throws on every rank.
+  MPI_Comm split_comm(int color, int key) const;
+
+public:
   // ---- tensor collectives ------------------------------------------------------------------
 
   //! Reduces `t` over all ranks, in place.

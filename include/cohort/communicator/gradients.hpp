@@ -20,9 +20,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
+#include <memory>
+#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace cohort {
@@ -143,6 +147,46 @@ void collect_gradients(Params& params, missing_grad missing, std::vector<grad_sl
   }
 }
 
+namespace detail {
+
+//! Whether a set's elements are kept by address when an overlapped reduction begins, so that
+//! `grad_ready(i)` reads parameter i again in O(1): a set not reached by index whose elements live
+//! at stable addresses (a std::list, a std::deque's iterators...). A random-access set is read by
+//! index; one that makes its elements on the fly (a view) is walked.
+template <class Params>
+inline constexpr bool remembers_elements =
+    !std::ranges::random_access_range<Params> &&
+    std::is_lvalue_reference_v<std::ranges::range_reference_t<Params>>;
+
+//! Keeps where each element of `params` lives in `elements`, if the set needs it (its capacity is
+//! reused: nothing is allocated after the first step).
+template <parameter_set Params>
+void remember_elements(Params& params, std::vector<void*>& elements) {
+  if constexpr (remembers_elements<Params>) {
+    elements.clear();
+    for (auto& p : params) {
+      elements.push_back(const_cast<void*>(static_cast<const void*>(std::addressof(p))));
+    }
+  }
+}
+
+//! Parameter `index` of `params` read again (see `remembers_elements`).
+template <parameter_set Params>
+grad_slot reread_parameter(Params& params, std::size_t index, std::span<void* const> elements,
+                           missing_grad missing) {
+  if constexpr (std::ranges::random_access_range<Params>) {
+    return collect_one(std::ranges::begin(params)[index], missing);
+  } else if constexpr (remembers_elements<Params>) {
+    using element = std::remove_reference_t<std::ranges::range_reference_t<Params>>;
+    return collect_one(*static_cast<element*>(elements[index]), missing);
+  } else {
+    auto it = std::ranges::begin(params);
+    std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
+    return collect_one(*it, missing);
+  }
+}
+
+} // namespace detail
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 

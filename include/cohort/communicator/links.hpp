@@ -25,7 +25,7 @@ concept links = requires(MPI_Comm comm, tensor_view data, reduce_op op, int root
 //! `two_dimensional<nccl_links, Inter>` reduce GPU gradients with NCCL inside the node and stage
 //! what crosses nodes through pinned host memory for `Inter` (ChainerMN's hierarchical and
 //! two_dimensional on GPUs). A tag: the strategies that use it are in
-//! <cohort/communicator/nccl_two_level.hpp> (nvcc, through <cohort/nccl.hpp>).
+//! <cohort/communicator/gpu/two_level.hpp> (nvcc, through <cohort/nccl.hpp>).
 struct nccl_links {};
 
 //! MPI on host memory.

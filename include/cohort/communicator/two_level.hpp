@@ -3,7 +3,7 @@
 
 // The two-level exchanges, written once over link objects: the host strategies run them on MPI
 // (hierarchical.hpp, two_dimensional.hpp), the GPU ones on NCCL inside the node and on MPI staged
-// through pinned memory between nodes (nccl_two_level.hpp). A link object is bound to one
+// through pinned memory between nodes (gpu/two_level.hpp). A link object is bound to one
 // communicator (and, on GPUs, one stream) and offers what its level needs:
 //   inside the node:  reduce(data, op, root), broadcast(data, root) (hierarchical);
 //                     reduce_scatter(data, op), allgather(data), rank(), size() (two_dimensional:

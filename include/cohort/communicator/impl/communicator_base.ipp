@@ -28,5 +28,20 @@ COHORT_DECL void communicator_base::connect(const boost::mpi::communicator& comm
   grad_inter_ = checked_duplicate(layout_.inter);
 }
 
+COHORT_DECL MPI_Comm communicator_base::split_comm(int color, int key) const {
+  detail::operation_scope scope("split");
+  const std::string problem = detail::local_checks([&] {
+    if (color < 0) {
+      throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
+                             ": color must be >= 0, not " + std::to_string(color));
+    }
+  });
+  checks_.settle("split", detail::fingerprint{}.value(), nullptr, problem);
+  MPI_Comm part = MPI_COMM_NULL;
+  const auto watch = checks_.watch_transfer("split", 0);
+  mpi::check(MPI_Comm_split(mpi_comm(), color, key, &part), "MPI_Comm_split", mpi_comm());
+  return part;
+}
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -7,12 +7,12 @@
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
-    "<cohort/communicator/host_staged.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+    "<cohort/communicator/gpu/host_staged.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
 #include <cohort/communicator/basic_communicator.hpp>
-#include <cohort/communicator/device_fused_reduction.hpp>
-#include <cohort/communicator/device_streams.hpp>
+#include <cohort/communicator/gpu/bucketed_reduction.hpp>
+#include <cohort/communicator/gpu/streams.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>

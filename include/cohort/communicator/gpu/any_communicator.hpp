@@ -3,16 +3,16 @@
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
-    "<cohort/communicator/any_gpu_communicator.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/nccl.hpp>"
+    "<cohort/communicator/gpu/any_communicator.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/nccl.hpp>"
 #endif
 
 #include <cohort/communicator/any_communicator.hpp>
-#include <cohort/communicator/cuda_aware_flat.hpp>
-#include <cohort/communicator/host_staged.hpp>
+#include <cohort/communicator/gpu/cuda_aware_flat.hpp>
+#include <cohort/communicator/gpu/host_staged.hpp>
+#include <cohort/communicator/gpu/pure_nccl.hpp>
+#include <cohort/communicator/gpu/single_node.hpp>
+#include <cohort/communicator/gpu/two_level.hpp>
 #include <cohort/communicator/links.hpp>
-#include <cohort/communicator/nccl_two_level.hpp>
-#include <cohort/communicator/pure_nccl.hpp>
-#include <cohort/communicator/single_node.hpp>
 #include <cohort/config.hpp>
 
 namespace cohort {

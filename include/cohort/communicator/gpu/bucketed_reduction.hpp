@@ -3,7 +3,7 @@
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
-    "<cohort/communicator/device_fused_reduction.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+    "<cohort/communicator/gpu/bucketed_reduction.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
 #include <cohort/communicator/agreement.hpp>

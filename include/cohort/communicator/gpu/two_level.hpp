@@ -11,15 +11,15 @@
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
-    "<cohort/communicator/nccl_two_level.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/nccl.hpp>"
+    "<cohort/communicator/gpu/two_level.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/nccl.hpp>"
 #endif
 
 #include <cohort/algorithm/ring.hpp>
-#include <cohort/communicator/gpu_options.hpp>
+#include <cohort/communicator/gpu/host_staged.hpp>
+#include <cohort/communicator/gpu/nccl_strategy.hpp>
+#include <cohort/communicator/gpu/options.hpp>
 #include <cohort/communicator/hierarchical.hpp>
-#include <cohort/communicator/host_staged.hpp>
 #include <cohort/communicator/links.hpp>
-#include <cohort/communicator/nccl_strategy.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
 #include <cohort/communicator/two_level.hpp>

@@ -3,11 +3,11 @@
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
-    "<cohort/communicator/single_node.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+    "<cohort/communicator/gpu/single_node.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
-#include <cohort/communicator/gpu_options.hpp>
-#include <cohort/communicator/nccl_strategy.hpp>
+#include <cohort/communicator/gpu/nccl_strategy.hpp>
+#include <cohort/communicator/gpu/options.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
