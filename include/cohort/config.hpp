@@ -16,8 +16,9 @@
 
 // cohort speaks MPI's C API: the deprecated C++ bindings that <mpi.h> would otherwise pull in
 // cost every translation unit a fifth of a second (Boost.MPI skips them too).
+// Defined as Boost.MPI defines them, so that its definitions repeat cohort's exactly.
 #if !defined(OMPI_SKIP_MPICXX)
-#define OMPI_SKIP_MPICXX 1
+#define OMPI_SKIP_MPICXX
 #endif
 #if !defined(MPICH_SKIP_MPICXX)
 #define MPICH_SKIP_MPICXX 1

@@ -229,6 +229,10 @@ BOOST_AUTO_TEST_CASE(a_set_that_is_not_random_access_is_read_again_where_it_live
   mixed_model m(comm.size(), comm.rank(), 0);
   std::list<cohort::parameter_ref<cohort::tensor_view>> listed(m.params.begin(), m.params.end());
   auto request = comm.begin_allreduce_grad(listed, cohort::mean{});
+  // Another list of the same parameters is not the set the reduction read: refused, by name.
+  auto other = listed;
+  BOOST_CHECK_EXCEPTION(comm.grad_ready(other, 0), cohort::invalid_argument,
+                        message_has({"grad_ready(0)", "not the one the reduction began with"}));
   if (comm.rank() == comm.size() - 1) {
     m.grad_views[1].count = 2; // tensor 1 had 3 float64 elements when the step began
   }

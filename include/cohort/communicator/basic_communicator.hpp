@@ -278,9 +278,15 @@ public:
     return sync_ != nullptr ? sync_->bucket_buffer_bytes() : 0;
   }
 
-  //! Buckets (collectives) per step of the last layout reduced (device strategies hide this with
-  //! their own count).
-  std::size_t bucket_count() const noexcept { return sync_ != nullptr ? sync_->bucket_count() : 0; }
+  //! Buckets (collectives) per step of the last layout reduced (a device strategy counts its own,
+  //! with `device_bucket_count()`).
+  std::size_t bucket_count() const noexcept {
+    if constexpr (requires(const Strategy& s) { s.device_bucket_count(); }) {
+      return static_cast<const Strategy&>(*this).device_bucket_count();
+    } else {
+      return sync_ != nullptr ? sync_->bucket_count() : 0;
+    }
+  }
 
 protected:
   //! For a strategy whose `exchange` uses members of its own: abandons a pending reduction
@@ -404,6 +410,7 @@ private:
     require_overlap_possible(owner);
     collect_gradients(params, options.missing, sync_->slots(), sync_->names());
     detail::remember_elements(params, sync_->elements());
+    sync_->elements_of() = std::addressof(params);
     sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
                  options.missing, owner, local_problem());
   }
@@ -411,6 +418,13 @@ private:
   // Under the engine's mutex: reads parameter `index` again and marks it ready.
   template <parameter_set Params>
   void reread_and_mark(Params& params, std::size_t index) {
+    if (detail::remembers_elements<Params> && sync_->elements_of() != std::addressof(params)) {
+      // Its elements are read where the set began's live: another set would be read as this one.
+      throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
+                             std::to_string(rank()) +
+                             ": this parameter set is not the one the reduction began with; "
+                             "give grad_ready that same set");
+    }
     if (!sync_->needs_reread(index)) {
       sync_->mark(index);
       return;

@@ -74,6 +74,8 @@ public:
   //! Where each parameter of a set that is not random-access lives, so that `grad_ready` reads
   //! one again in O(1) instead of walking the set.
   std::vector<void*>& elements() noexcept { return elements_; }
+  //! The set `elements()` are of: `grad_ready` must be given that one.
+  const void*& elements_of() noexcept { return elements_of_; }
 
   // ---- blocking ------------------------------------------------------------------------------
 
@@ -178,6 +180,7 @@ private:
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary
   std::vector<void*> elements_;
+  const void* elements_of_ = nullptr;
 
   // The overlapped step in flight. `mutex_` guards every field; cohort's thread reads the plan
   // and the slots of buckets launched to it, and `problem_` once `problem_flag_` is raised.

@@ -41,14 +41,15 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
 //! The device strategies' buckets: the host strategies' sizes, with every gradient that fits a
-//! bucket packed. `fusion_threshold_bytes` is a host setting: on the device a copy costs far less
-//! than a collective's latency, so only a gradient larger than a bucket is reduced in place.
+//! bucket packed. `fusion_threshold_bytes` weighs a host copy against a collective's latency; on
+//! the device a copy costs far less, so the threshold is the bucket size: only a gradient already
+//! of the wire dtype and at least a bucket large is reduced in place.
 inline bucket_limits device_bucket_limits(const communicator_options& options) {
   return {options.bucket_bytes, options.first_bucket_bytes, options.bucket_bytes};
 }
 
-//! The device packer of `bucketed_reduction`: the buckets of the host strategies (the plan that
-//! `bucket_bytes`, `first_bucket_bytes` and `fusion_threshold_bytes` make, kept per layout), each
+//! The device packer of `bucketed_reduction`: its plans (made of `device_bucket_limits`, kept per
+//! layout), each
 //! packed by one kernel launch into a reused device buffer in the reducer's wire dtype (cast and
 //! pre-scaled on the way), handed to `exchange`, and unpacked by one launch (post-scaled); a
 //! gradient alone in an in-place bucket is scaled and exchanged where it lies. All queued on

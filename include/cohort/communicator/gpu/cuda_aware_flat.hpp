@@ -66,8 +66,8 @@ public:
 
   static constexpr bool reduces_gpu_memory = true;
 
-  //! Buckets (collectives) per step of the last layout reduced: the host strategies' plan.
-  std::size_t bucket_count() const noexcept { return fused_.bucket_count(); }
+  //! Buckets (collectives) per step of the last layout reduced (what `bucket_count()` says).
+  std::size_t device_bucket_count() const noexcept { return fused_.bucket_count(); }
 
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }

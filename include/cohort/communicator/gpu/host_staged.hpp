@@ -3,7 +3,7 @@
 
 // For MPI builds that are not CUDA-aware (ChainerMN's non_cuda_aware): tensors in GPU memory are
 // copied to pinned host memory, reduced by MPI on the host, and copied back. Gradients are packed
-// on the device first (one kernel), so each step moves one buffer per dtype each way.
+// on the device first (one kernel), so each step moves one buffer per bucket each way.
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
@@ -141,8 +141,8 @@ public:
 
   static constexpr bool reduces_gpu_memory = true;
 
-  //! Buckets (collectives) per step of the last layout reduced: the host strategies' plan.
-  std::size_t bucket_count() const noexcept { return fused_.bucket_count(); }
+  //! Buckets (collectives) per step of the last layout reduced (what `bucket_count()` says).
+  std::size_t device_bucket_count() const noexcept { return fused_.bucket_count(); }
 
   //! The stream the trainer queues its work on (see nccl_strategy::set_stream).
   void set_stream(cudaStream_t user) noexcept { streams_.set_user_stream(user); }
@@ -209,7 +209,7 @@ private:
   void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     const cudaStream_t s = streams_.begin();
     fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
-      // The host must wait for the pack before MPI reads the copy: one synchronisation per dtype.
+      // The host must wait for the pack before MPI reads the copy: one synchronisation per bucket.
       void* host = staging_.reserve(packed.size_bytes(), s);
       cuda::check(
           cudaMemcpyAsync(host, packed.data, packed.size_bytes(), cudaMemcpyDeviceToHost, s),

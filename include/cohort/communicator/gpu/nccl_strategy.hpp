@@ -64,8 +64,8 @@ public:
     check_device(slot.grad.data, "parameter '" + std::string(slot.name) + "'");
   }
 
-  //! Buckets (collectives) per step of the last layout reduced: the host strategies' plan.
-  std::size_t bucket_count() const noexcept { return fused_.bucket_count(); }
+  //! Buckets (collectives) per step of the last layout reduced (what `bucket_count()` says).
+  std::size_t device_bucket_count() const noexcept { return fused_.bucket_count(); }
 
   //! Blocks until cohort's queued work is done (needed only with gpu_options::timeout zero).
   void synchronize() const { streams_.synchronize(); }

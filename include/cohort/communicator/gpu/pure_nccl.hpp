@@ -18,10 +18,9 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! NCCL everywhere: gradients in GPU memory are packed by one kernel into one buffer per dtype
-//! (in the reducer's wire dtype: `compressed<float16>` halves the bytes), reduced by one NCCL
-//! all-reduce over all ranks on cohort's stream, and unpacked by one kernel. ChainerMN's default
-//! since v6.
+//! NCCL everywhere: gradients in GPU memory are packed by one kernel per bucket (in the reducer's
+//! wire dtype: `compressed<float16>` halves the bytes), each bucket reduced by one NCCL all-reduce
+//! over all ranks on cohort's stream and unpacked by one kernel. ChainerMN's default since v6.
 class pure_nccl : public detail::nccl_strategy<pure_nccl> {
 public:
   static constexpr std::string_view name = "pure_nccl";
