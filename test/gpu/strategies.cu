@@ -196,6 +196,19 @@ BOOST_AUTO_TEST_CASE(cuda_aware_flat_matches_the_oracle_or_refuses_a_plain_mpi) 
     return;
   }
   check_allreduce_grad<cohort::cuda_aware_flat>(cohort::mean{}, 1e-6);
+  // A 16-bit wire is refused on every rank before anything moves, and the communicator goes on.
+  auto comm = make<cohort::cuda_aware_flat>();
+  std::vector<float> host_value(64), host_grad(64, 1.0f);
+  device_array<float> value(host_value), grad(host_grad);
+  auto value_view = value.span();
+  auto grad_view = grad.span();
+  std::vector<cohort::parameter_ref<cohort::device_span<float>>> params{
+      {"g", &value_view, &grad_view}};
+  BOOST_CHECK_THROW(comm.allreduce_grad(params, cohort::compressed<cohort::float16>{}),
+                    cohort::invalid_argument);
+  comm.allreduce_grad(params, cohort::sum{});
+  const auto got = grad.read();
+  BOOST_CHECK_EQUAL(got[0], static_cast<float>(comm.size()));
 }
 
 BOOST_AUTO_TEST_CASE(device_tensor_collectives) {

@@ -117,8 +117,9 @@ public:
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
     detail::operation_scope scope("broadcast_parameters");
-    const detail::parameter_layout layout = agreed_parameters(
-        params, root, [&](auto& value, const std::string& what) { return host_view(value, what); });
+    const detail::parameter_layout layout = detail::agreed_parameters(
+        checks(), params, root,
+        [&](auto& value, const std::string& what) { return host_view(value, what); });
     detail::broadcast_host_values(checks(), mpi_comm(), layout.values, root);
   }
 
@@ -293,21 +294,6 @@ protected:
   //! before they go (from its destructor).
   void finish_overlap() noexcept { abandon_grad_sync("its communicator was destroyed"); }
 
-  //! The start of every `broadcast_parameters`: reads `params`, each value through
-  //! `view(value, what)` (which throws `invalid_argument` for memory this path cannot move), and
-  //! agrees with the other ranks on the root and the layout (collective). A problem on any rank
-  //! throws on every rank, before anything moves.
-  template <parameter_set Params, class View>
-  detail::parameter_layout agreed_parameters(Params& params, int root, View&& view) const {
-    detail::parameter_layout layout;
-    const std::string problem = detail::local_checks([&] {
-      checks().check_root(root, "broadcast_parameters");
-      layout.collect(params, view);
-    });
-    detail::agree_on_parameters(checks(), layout, root, problem);
-    return layout;
-  }
-
   //! `broadcast_parameters` for a strategy that moves device memory itself: parameters in host
   //! memory take the host path; otherwise the ranks agree on the layout (every value in device
   //! memory, and `check(view, what)` for what else the strategy asks of it), and then, watched,
@@ -318,15 +304,9 @@ protected:
       return basic_communicator::broadcast_parameters(params, root);
     }
     detail::operation_scope scope("broadcast_parameters");
-    const detail::parameter_layout layout =
-        agreed_parameters(params, root, [&](auto& value, const std::string& what) {
-          const tensor_view v = make_view(value, what);
-          if (v.location == memory_location::host) {
-            throw invalid_argument("cohort: broadcast_parameters on rank " +
-                                   std::to_string(rank()) + ": " + what +
-                                   " is in host memory but others are in device memory; keep a "
-                                   "model's parameters in one kind of memory");
-          }
+    const detail::parameter_layout layout = detail::agreed_parameters(
+        checks(), params, root, [&](auto& value, const std::string& what) {
+          const tensor_view v = detail::device_value_view(rank(), value, what);
           check(v, what);
           return v;
         });
@@ -367,6 +347,12 @@ private:
       s.reduce_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
         static_cast<Strategy*>(p)->reduce_gradients(slots, t);
       };
+      if constexpr (requires(Strategy & st, std::span<const grad_slot> g,
+                             const reduction_table& t) { st.prepare_gradients(g, t); }) {
+        s.prepare_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
+          static_cast<Strategy*>(p)->prepare_gradients(slots, t);
+        };
+      }
     } else {
       s.exchange = [](void* p, tensor_view bucket, reduce_op op) {
         static_cast<Strategy*>(p)->exchange(bucket, op);

@@ -42,13 +42,15 @@ namespace detail {
 
 //! What the engine needs of a strategy, type-erased: for a host strategy, how one packed bucket
 //! is exchanged (and, optionally, what its exchange allocates before the ranks agree); for a
-//! device strategy, how all the gradients are reduced in one call. One indirect call per bucket,
-//! beside a collective of up to `bucket_bytes`.
+//! device strategy, how all the gradients are reduced in one call (and, optionally, what it
+//! allocates and refuses before the ranks agree). One indirect call per bucket, beside a
+//! collective of up to `bucket_bytes`.
 struct strategy_ref {
   void* self = nullptr;
   void (*exchange)(void*, tensor_view, reduce_op) = nullptr;
   void (*prepare)(void*, const bucket&) = nullptr;
   void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
+  void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
 
   bool device() const noexcept { return reduce_all != nullptr; }
 };

@@ -9,6 +9,7 @@
 #include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/detail/checks.hpp>
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
 #include <cohort/kernels/host.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>
@@ -69,6 +70,35 @@ bool any_parameter_on_device(Params& params) {
 //! and the root are the same on every rank, or every rank throws.
 COHORT_DECL void agree_on_parameters(const checks& c, const parameter_layout& layout, int root,
                                      const std::string& problem);
+
+//! The start of every `broadcast_parameters`: reads `params`, each value through
+//! `view(value, what)` (which throws `invalid_argument` for memory this path cannot move), and
+//! agrees with the other ranks on the root and the layout (collective). A problem on any rank
+//! throws on every rank, before anything moves.
+template <parameter_set Params, class View>
+parameter_layout agreed_parameters(const checks& c, Params& params, int root, View&& view) {
+  parameter_layout layout;
+  const std::string problem = local_checks([&] {
+    c.check_root(root, "broadcast_parameters");
+    layout.collect(params, view);
+  });
+  agree_on_parameters(c, layout, root, problem);
+  return layout;
+}
+
+//! A device strategy's view of a parameter's value, on rank `rank`: in device memory (a value in
+//! host memory among device ones is refused: one model, one kind of memory).
+template <class T>
+tensor_view device_value_view(int rank, T& value, const std::string& what) {
+  const tensor_view v = make_view(value, what);
+  if (v.location == memory_location::host) {
+    throw invalid_argument("cohort: broadcast_parameters on rank " + std::to_string(rank) + ": " +
+                           what +
+                           " is in host memory but others are in device memory; keep a "
+                           "model's parameters in one kind of memory");
+  }
+  return v;
+}
 
 //! Broadcasts host-memory values from `root` over `comm`, packing those under `threshold` bytes
 //! into at most `capacity` bytes at a time. After the ranks agreed: a failure (a buffer that

@@ -59,21 +59,29 @@ public:
   explicit device_fused_reduction(bucket_limits limits)
       : plans_(limits, /*host_buffers=*/false) {}
 
-  template <class Exchange>
-  void run(std::span<const grad_slot> slots, const reduction_table& reduction, cudaStream_t stream,
-           Exchange&& exchange) {
+  //! The plan of this layout and everything it needs allocated: before the ranks agree, so that
+  //! a failure is an error on every rank instead of one rank's inside the exchange. Returns it.
+  const bucket_plan& prepare(std::span<const grad_slot> slots, const reduction_table& reduction) {
     const bucket_plan& plan = plans_.prepare(slots, reduction);
-    const auto buckets = plan.buckets();
     // Grown before the first launch: growing between buckets would free memory that queued work
     // still reads.
     std::size_t largest = 0;
-    for (const bucket& k : buckets) {
+    for (const bucket& k : plan.buckets()) {
       largest = std::max(largest, k.in_place ? 0 : k.count * size_of(k.plan.wire));
     }
-    void* const buffer = buffer_.reserve(largest);
-    while (workspaces_.size() < buckets.size()) {
+    buffer_.reserve(largest);
+    while (workspaces_.size() < plan.buckets().size()) {
       workspaces_.push_back(std::make_unique<bucket_workspaces>());
     }
+    return plan;
+  }
+
+  template <class Exchange>
+  void run(std::span<const grad_slot> slots, const reduction_table& reduction, cudaStream_t stream,
+           Exchange&& exchange) {
+    const bucket_plan& plan = prepare(slots, reduction); // a cache hit after the agreement
+    const auto buckets = plan.buckets();
+    void* const buffer = buffer_.data();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       const bucket& k = buckets[b];
       const auto members = plan.members(k);

@@ -101,18 +101,23 @@ public:
 private:
   friend base;
 
-  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
-    const cudaStream_t s = streams_.begin();
-    fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
-      // The MPI ops of fp16 and bf16 are host functions: on device memory only an MPI that
-      // stages through the host could run them. Every rank has the same plan, so every rank
-      // refuses alike.
-      if (packed.type == dtype::float16 || packed.type == dtype::bfloat16) {
+  // Before the ranks agree: the buffers, and a refusal of 16-bit wires. The MPI ops of fp16 and
+  // bf16 are host functions: on device memory only an MPI that stages through the host could run
+  // them. Every rank has the same plan, so every rank refuses alike, and nothing is reduced.
+  void prepare_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+    for (const detail::bucket& k : fused_.prepare(slots, reduction).buckets()) {
+      if (k.plan.wire == dtype::float16 || k.plan.wire == dtype::bfloat16) {
         throw invalid_argument("cohort: cuda_aware_flat on rank " + std::to_string(rank()) +
-                               ": a " + std::string(to_string(packed.type)) +
+                               ": a " + std::string(to_string(k.plan.wire)) +
                                " wire needs MPI's user-defined ops on device memory; use "
                                "pure_nccl or host_staged for 16-bit gradients or compression");
       }
+    }
+  }
+
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+    const cudaStream_t s = streams_.begin();
+    fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
       // MPI does not order itself on CUDA streams: the pack must be done before it reads.
       cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
       mpi::allreduce(mpi_comm(), packed, op);

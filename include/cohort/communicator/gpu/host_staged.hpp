@@ -206,6 +206,10 @@ public:
 private:
   friend base;
 
+  void prepare_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+    fused_.prepare(slots, reduction);
+  }
+
   void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     const cudaStream_t s = streams_.begin();
     fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {

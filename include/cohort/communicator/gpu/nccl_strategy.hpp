@@ -239,6 +239,12 @@ public:
 protected:
   friend base;
 
+  // Before the ranks agree (see device_fused_reduction::prepare), on the device the work runs on.
+  void prepare_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+    const cuda::device_guard on(nccl_ ? nccl_->device() : cuda::current_device());
+    fused_.prepare(slots, reduction);
+  }
+
   void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     Strategy& self = static_cast<Strategy&>(*this);
     enqueue_on(self.bucket_comm(), "allreduce_grad", [&](nccl::communicator& c, cudaStream_t s) {

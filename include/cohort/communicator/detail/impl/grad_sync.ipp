@@ -216,16 +216,18 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
 COHORT_DECL void grad_sync::validate(const checks& c, const strategy_ref& s,
                                      const reduction_table& table, missing_grad missing,
                                      std::string_view mode, std::string problem) {
-  if (!s.device()) {
-    const bool usable = std::ranges::all_of(
-        slots_, [](const grad_slot& slot) { return slot.state == slot_state::ok; });
-    if (problem.empty() && usable) {
-      try {
+  const bool usable = std::ranges::all_of(
+      slots_, [](const grad_slot& slot) { return slot.state == slot_state::ok; });
+  if (problem.empty() && usable) {
+    try {
+      if (!s.device()) {
         prepare_buckets(s, table, mode != "blocking");
-      } catch (const std::exception& e) {
-        problem = "cohort: allreduce_grad on rank " + std::to_string(c.rank()) +
-                  ": preparing the reduction's buffers failed: " + e.what();
+      } else if (s.prepare_all != nullptr) {
+        s.prepare_all(s.self, slots_, table);
       }
+    } catch (const std::exception& e) {
+      problem = "cohort: allreduce_grad on rank " + std::to_string(c.rank()) +
+                ": preparing the reduction failed: " + e.what();
     }
   }
   std::size_t bytes = 0;
