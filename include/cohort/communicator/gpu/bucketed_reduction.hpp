@@ -49,11 +49,10 @@ inline bucket_limits device_bucket_limits(const communicator_options& options) {
 }
 
 //! The device packer of `bucketed_reduction`: its plans (made of `device_bucket_limits`, kept per
-//! layout), each
-//! packed by one kernel launch into a reused device buffer in the reducer's wire dtype (cast and
-//! pre-scaled on the way), handed to `exchange`, and unpacked by one launch (post-scaled); a
-//! gradient alone in an in-place bucket is scaled and exchanged where it lies. All queued on
-//! `stream`. Nothing is allocated once the buffer has grown to the largest bucket.
+//! layout), each bucket packed by one kernel launch into a reused device buffer in the reducer's
+//! wire dtype (cast and pre-scaled on the way), handed to `exchange`, and unpacked by one launch
+//! (post-scaled); a gradient alone in an in-place bucket is scaled and exchanged where it lies.
+//! All queued on `stream`. Nothing is allocated once the buffer has grown to the largest bucket.
 class device_fused_reduction {
 public:
   explicit device_fused_reduction(bucket_limits limits)
