@@ -315,17 +315,6 @@ protected:
     move(std::span<const tensor_view>(layout.values));
   }
 
-  //! How gradients are grouped into buckets under `options`, for this strategy (which may say
-  //! otherwise with a static `bucket_limits_for(options)`: naive does, with none).
-  static detail::bucket_limits bucketing(const communicator_options& options) {
-    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
-      return Strategy::bucket_limits_for(options);
-    } else {
-      return {options.bucket_bytes, options.first_bucket_bytes,
-              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
-    }
-  }
-
   //! Whether the strategy reduces device memory (it says so with `static constexpr bool
   //! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
   //! host strategy exchanges buckets, and can overlap them with backward. A function, not a
@@ -417,6 +406,17 @@ private:
     }
     sync_->mark_reread(
         index, detail::reread_parameter(params, index, sync_->elements(), sync_->missing()));
+  }
+
+  // How gradients are grouped into buckets under `options`, for this strategy (which may say
+  // otherwise with a static `bucket_limits_for(options)`: naive does, with none).
+  static detail::bucket_limits bucketing(const communicator_options& options) {
+    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
+      return Strategy::bucket_limits_for(options);
+    } else {
+      return {options.bucket_bytes, options.first_bucket_bytes,
+              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
+    }
   }
 
   std::unique_ptr<detail::grad_sync> sync_;

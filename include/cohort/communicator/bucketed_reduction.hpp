@@ -66,19 +66,45 @@ public:
   //! Gives every packed bucket of the current plan a buffer of its own, for overlap.
   void own_buffers();
 
+  //! The host's packer (kernels::host), for `reduce_bucket_with`; the device's is in
+  //! gpu/bucketed_reduction.hpp.
+  struct host_packer {
+    static constexpr memory_location where = memory_location::host;
+    void scale(tensor_view data, double factor) const { kernels::host::scale(data, factor); }
+    void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor) const {
+      kernels::host::pack(sources, buffer, factor);
+    }
+    void unpack(const_tensor_view buffer, std::span<const tensor_view> targets,
+                double factor) const {
+      kernels::host::unpack(buffer, targets, factor);
+    }
+  };
+
   //! Reduces bucket `b` of the current plan, in its own buffer (`own_buffers` first) or the
   //! shared one. Not thread-safe: one bucket at a time.
   template <class Exchange>
   void reduce_bucket(std::size_t b, std::span<const grad_slot> slots, Exchange&& exchange,
                      bool own_buffer = false) {
+    reduce_bucket_with(host_packer{},
+                       own_buffer ? current_->owned[b].data() : current_->shared.data(), b, slots,
+                       exchange);
+  }
+
+  //! Reduces bucket `b` of the current plan with `packer` (where the gradients live): a gradient
+  //! alone in an in-place bucket is scaled, exchanged and scaled back where it lies; the others
+  //! are packed into `buffer` (cast to the wire dtype, pre-scaled), exchanged, and unpacked
+  //! (post-scaled).
+  template <class Packer, class Exchange>
+  void reduce_bucket_with(const Packer& packer, void* buffer, std::size_t b,
+                          std::span<const grad_slot> slots, Exchange&& exchange) {
     const bucket_plan& plan = current_->plan;
     const bucket& k = plan.buckets()[b];
     const auto members = plan.members(k);
     if (k.in_place) {
       const tensor_view grad = slots[members.front()].grad;
-      kernels::host::scale(grad, k.plan.pre_scale);
+      packer.scale(grad, k.plan.pre_scale);
       exchange(grad, k.plan.op);
-      kernels::host::scale(grad, k.plan.post_scale);
+      packer.scale(grad, k.plan.post_scale);
       return;
     }
     sources_.clear();
@@ -87,11 +113,10 @@ public:
       sources_.push_back(slots[s].grad);
       targets_.push_back(slots[s].grad);
     }
-    std::byte* buffer = own_buffer ? current_->owned[b].data() : current_->shared.data();
-    const tensor_view packed{buffer, k.count, k.plan.wire, memory_location::host};
-    kernels::host::pack(sources_, packed, k.plan.pre_scale);
+    const tensor_view packed{buffer, k.count, k.plan.wire, Packer::where};
+    packer.pack(sources_, packed, k.plan.pre_scale);
     exchange(packed, k.plan.op);
-    kernels::host::unpack(packed, targets_, k.plan.post_scale);
+    packer.unpack(packed, targets_, k.plan.post_scale);
   }
 
   //! Reduces every bucket, in plan order.

@@ -75,32 +75,13 @@ public:
     return plan;
   }
 
+  //! Reduces every bucket of the plan `prepare` made for these slots (the engine calls it before
+  //! the ranks agree: nothing is looked up or allocated again here).
   template <class Exchange>
-  void run(std::span<const grad_slot> slots, const reduction_table& reduction, cudaStream_t stream,
-           Exchange&& exchange) {
-    const bucket_plan& plan = prepare(slots, reduction); // a cache hit after the agreement
-    const auto buckets = plan.buckets();
-    void* const buffer = buffer_.data();
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      const bucket& k = buckets[b];
-      const auto members = plan.members(k);
-      if (k.in_place) {
-        const tensor_view grad = slots[members.front()].grad;
-        kernels::device::scale(grad, k.plan.pre_scale, stream);
-        exchange(grad, k.plan.op);
-        kernels::device::scale(grad, k.plan.post_scale, stream);
-        continue;
-      }
-      sources_.clear();
-      targets_.clear();
-      for (const std::size_t s : members) {
-        sources_.push_back(slots[s].grad);
-        targets_.push_back(slots[s].grad);
-      }
-      const tensor_view packed{buffer, k.count, k.plan.wire, memory_location::device};
-      kernels::device::pack(sources_, packed, k.plan.pre_scale, stream, workspaces_[b]->pack);
-      exchange(packed, k.plan.op);
-      kernels::device::unpack(packed, targets_, k.plan.post_scale, stream, workspaces_[b]->unpack);
+  void run(std::span<const grad_slot> slots, cudaStream_t stream, Exchange&& exchange) {
+    for (std::size_t b = 0; b < plans_.bucket_count(); ++b) {
+      const device_packer packer{stream, workspaces_[b]->pack, workspaces_[b]->unpack};
+      plans_.reduce_bucket_with(packer, buffer_.data(), b, slots, exchange);
     }
   }
 
@@ -108,6 +89,24 @@ public:
   std::size_t bucket_count() const noexcept { return plans_.bucket_count(); }
 
 private:
+  // The device's packer for bucketed_reduction::reduce_bucket_with, all on `stream`.
+  struct device_packer {
+    static constexpr memory_location where = memory_location::device;
+    cudaStream_t stream;
+    kernels::device::batch_workspace& pack_tables;
+    kernels::device::batch_workspace& unpack_tables;
+    void scale(tensor_view data, double factor) const {
+      kernels::device::scale(data, factor, stream);
+    }
+    void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor) const {
+      kernels::device::pack(sources, buffer, factor, stream, pack_tables);
+    }
+    void unpack(const_tensor_view buffer, std::span<const tensor_view> targets,
+                double factor) const {
+      kernels::device::unpack(buffer, targets, factor, stream, unpack_tables);
+    }
+  };
+
   // One table per bucket and direction: the host never waits, in the middle of a step, for the
   // copy of a table that the same step queued earlier.
   struct bucket_workspaces {
@@ -118,8 +117,6 @@ private:
   bucketed_reduction plans_;
   cuda::device_buffer buffer_;
   std::vector<std::unique_ptr<bucket_workspaces>> workspaces_;
-  std::vector<const_tensor_view> sources_;
-  std::vector<tensor_view> targets_;
 };
 
 //! The device counterpart of the host strategies' parameter broadcast: a value of at least

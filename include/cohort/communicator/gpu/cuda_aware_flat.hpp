@@ -115,9 +115,10 @@ private:
     }
   }
 
-  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+  // The plan prepare_gradients made from the reducer's table, before the ranks agreed.
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table&) {
     const cudaStream_t s = streams_.begin();
-    fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
+    fused_.run(slots, s, [&](tensor_view packed, reduce_op op) {
       // MPI does not order itself on CUDA streams: the pack must be done before it reads.
       cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
       mpi::allreduce(mpi_comm(), packed, op);

@@ -55,6 +55,23 @@ public:
     return buffer_.reserve(bytes);
   }
 
+  //! `device` (queued on `stream`) through the buffer: copied in (if `copy_in`), `wait()`ed for,
+  //! handed to `f` as a host view, and copied back on `stream`.
+  template <class Wait, class F>
+  void round_trip(tensor_view device, bool copy_in, cudaStream_t stream, Wait&& wait, F&& f) {
+    void* const host = reserve(device.size_bytes(), stream);
+    if (copy_in) {
+      cuda::check(
+          cudaMemcpyAsync(host, device.data, device.size_bytes(), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (device to host)");
+    }
+    wait();
+    f(tensor_view{host, device.count, device.type, memory_location::host});
+    cuda::check(
+        cudaMemcpyAsync(device.data, host, device.size_bytes(), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (host to device)");
+  }
+
   //! Broadcasts `values` (device memory) from the root through the buffer, `capacity` bytes at a
   //! time: the root copies a bucket's worth into it on `stream`, `send(void* host, std::size_t
   //! bytes)` broadcasts the bucket on the host once the copies are done, and the other ranks copy
@@ -210,19 +227,14 @@ private:
     fused_.prepare(slots, reduction);
   }
 
-  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+  // The plan prepare_gradients made from the reducer's table, before the ranks agreed.
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table&) {
     const cudaStream_t s = streams_.begin();
-    fused_.run(slots, reduction, s, [&](tensor_view packed, reduce_op op) {
+    fused_.run(slots, s, [&](tensor_view packed, reduce_op op) {
       // The host must wait for the pack before MPI reads the copy: one synchronisation per bucket.
-      void* host = staging_.reserve(packed.size_bytes(), s);
-      cuda::check(
-          cudaMemcpyAsync(host, packed.data, packed.size_bytes(), cudaMemcpyDeviceToHost, s),
-          "cudaMemcpyAsync (device to host)");
-      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-      mpi::allreduce(mpi_comm(), {host, packed.count, packed.type, memory_location::host}, op);
-      cuda::check(
-          cudaMemcpyAsync(packed.data, host, packed.size_bytes(), cudaMemcpyHostToDevice, s),
-          "cudaMemcpyAsync (host to device)");
+      staging_.round_trip(
+          packed, true, s, [&] { synchronize(s); },
+          [&](tensor_view host) { mpi::allreduce(mpi_comm(), host, op); });
     });
     streams_.end();
   }
@@ -231,17 +243,13 @@ private:
   template <class F>
   void staged(tensor_view device, bool copy_in, F&& f) {
     const cudaStream_t s = streams_.begin();
-    void* host = staging_.reserve(device.size_bytes(), s);
-    if (copy_in) {
-      cuda::check(
-          cudaMemcpyAsync(host, device.data, device.size_bytes(), cudaMemcpyDeviceToHost, s),
-          "cudaMemcpyAsync (device to host)");
-    }
-    cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    f(tensor_view{host, device.count, device.type, memory_location::host});
-    cuda::check(cudaMemcpyAsync(device.data, host, device.size_bytes(), cudaMemcpyHostToDevice, s),
-                "cudaMemcpyAsync (host to device)");
+    staging_.round_trip(
+        device, copy_in, s, [&] { synchronize(s); }, f);
     streams_.end();
+  }
+
+  static void synchronize(cudaStream_t s) {
+    cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
 
   detail::device_streams streams_;

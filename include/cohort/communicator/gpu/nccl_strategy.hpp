@@ -245,10 +245,11 @@ protected:
     fused_.prepare(slots, reduction);
   }
 
-  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
+  // The plan prepare_gradients made from the reducer's table, before the ranks agreed.
+  void reduce_gradients(std::span<const grad_slot> slots, const reduction_table&) {
     Strategy& self = static_cast<Strategy&>(*this);
     enqueue_on(self.bucket_comm(), "allreduce_grad", [&](nccl::communicator& c, cudaStream_t s) {
-      fused_.run(slots, reduction, s,
+      fused_.run(slots, s,
                  [&](tensor_view packed, reduce_op op) { self.exchange_bucket(c, packed, op, s); });
     });
   }

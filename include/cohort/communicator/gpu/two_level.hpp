@@ -182,21 +182,20 @@ protected:
     if (part.count == 0) {
       return;
     }
-    void* host = staging_.reserve(part.size_bytes(), s);
-    cuda::check(cudaMemcpyAsync(host, part.data, part.size_bytes(), cudaMemcpyDeviceToHost, s),
-                "cudaMemcpyAsync (device to host)");
-    if (!copied_) {
-      copied_.emplace(); // on the device of the stream it marks
-    }
-    copied_->record(s);
-    if (this->gpu().timeout.count() > 0) {
-      intra_->wait(this->work_started(), *copied_, this->gpu().timeout, "allreduce_grad");
-    } else {
-      copied_->synchronize();
-    }
-    Inter::allreduce(comm, {host, part.count, part.type, memory_location::host}, op);
-    cuda::check(cudaMemcpyAsync(part.data, host, part.size_bytes(), cudaMemcpyHostToDevice, s),
-                "cudaMemcpyAsync (host to device)");
+    staging_.round_trip(
+        part, true, s,
+        [&] {
+          if (!copied_) {
+            copied_.emplace(); // on the device of the stream it marks
+          }
+          copied_->record(s);
+          if (this->gpu().timeout.count() > 0) {
+            intra_->wait(this->work_started(), *copied_, this->gpu().timeout, "allreduce_grad");
+          } else {
+            copied_->synchronize();
+          }
+        },
+        [&](tensor_view host) { Inter::allreduce(comm, host, op); });
   }
 
 private:
