@@ -79,7 +79,7 @@ public:
   using cohort::basic_communicator<failing_flat>::basic_communicator;
 
 private:
-  friend class cohort::basic_communicator<failing_flat>;
+  friend cohort::strategy_access;
   void exchange(cohort::tensor_view bucket, cohort::reduce_op op) {
     if (rank() == size() - 1 && ++exchanges_ == 4) {
       throw std::runtime_error("injected failure in the exchange");

@@ -336,7 +336,7 @@ public:
   bool fail = false;
 
 private:
-  friend class cohort::basic_communicator<flaky_flat>;
+  friend cohort::strategy_access;
   void prepare_exchange(const cohort::detail::bucket&) {
     if (fail && rank() == size() - 1) {
       throw std::bad_alloc();

@@ -18,6 +18,7 @@
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
+#include <cohort/communicator/strategy_access.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
@@ -63,7 +64,7 @@ public:
   explicit basic_communicator(const boost::mpi::communicator& comm,
                               communicator_options options = {})
       : communicator_base(comm, options)
-      , sync_(std::make_unique<detail::grad_sync>(bucketing(options))) {
+      , sync_(std::make_unique<detail::grad_sync>(strategy_access::bucketing<Strategy>(options))) {
     std::string_view name = "a strategy without a name";
     if constexpr (requires { Strategy::name; }) {
       name = Strategy::name;
@@ -282,11 +283,11 @@ public:
   //! Buckets (collectives) per step of the last layout reduced (a device strategy counts its own,
   //! with `device_bucket_count()`).
   std::size_t bucket_count() const noexcept {
-    if constexpr (requires(const Strategy& s) { s.device_bucket_count(); }) {
-      return static_cast<const Strategy&>(*this).device_bucket_count();
-    } else {
-      return sync_ != nullptr ? sync_->bucket_count() : 0;
+    if (const auto device =
+            strategy_access::device_bucket_count(static_cast<const Strategy&>(*this))) {
+      return *device;
     }
+    return sync_ != nullptr ? sync_->bucket_count() : 0;
   }
 
 protected:
@@ -315,49 +316,23 @@ protected:
     move(std::span<const tensor_view>(layout.values));
   }
 
-  //! Whether the strategy reduces device memory (it says so with `static constexpr bool
-  //! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
-  //! host strategy exchanges buckets, and can overlap them with backward. A function, not a
-  //! concept: nvcc caches a concept's answer, and it would ask while the strategy is incomplete.
-  static constexpr bool device_strategy() {
-    return requires {
-      requires Strategy::reduces_gpu_memory;
-    };
+  //! The same, for a strategy that asks nothing more of a device value than to be one.
+  template <parameter_set Params, class Move>
+  void broadcast_device_parameters(Params& params, int root, Move&& move) {
+    broadcast_device_parameters(
+        params, root, [](const tensor_view&, const std::string&) {}, move);
   }
+
+  //! Whether the strategy reduces device memory (see detail/strategy_hooks.hpp).
+  static constexpr bool device_strategy() { return detail::is_device_strategy<Strategy>(); }
 
 private:
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
 
-  // The strategy as the engine sees it.
-  detail::strategy_ref strategy() noexcept {
-    detail::strategy_ref s;
-    s.self = &self();
-    if constexpr (device_strategy()) {
-      s.reduce_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
-        static_cast<Strategy*>(p)->reduce_gradients(slots, t);
-      };
-      if constexpr (requires(Strategy & st, std::span<const grad_slot> g,
-                             const reduction_table& t) { st.prepare_gradients(g, t); }) {
-        s.prepare_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
-          static_cast<Strategy*>(p)->prepare_gradients(slots, t);
-        };
-      }
-    } else {
-      s.exchange = [](void* p, tensor_view bucket, reduce_op op) {
-        static_cast<Strategy*>(p)->exchange(bucket, op);
-      };
-      if constexpr (requires(Strategy & st, const detail::bucket& b) { st.prepare_exchange(b); }) {
-        s.prepare = [](void* p, const detail::bucket& b) {
-          static_cast<Strategy*>(p)->prepare_exchange(b);
-        };
-      }
-    }
-    return s;
-  }
+  detail::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
 
-  // What this rank's own checks find in the slots read: memory the strategy cannot reduce (a
-  // strategy may declare `void check_gradient_memory(const grad_slot&)`, which throws
-  // `invalid_argument`). Agreed on with the layout, so that it is an error on every rank.
+  // What this rank's own checks find in the slots read: memory the strategy cannot reduce.
+  // Agreed on with the layout, so that it is an error on every rank.
   std::string local_problem() {
     return detail::local_checks([&] {
       for (const grad_slot& slot : sync_->slots()) {
@@ -365,9 +340,7 @@ private:
           continue;
         }
         checks().require_location(slot.grad.location, device_strategy(), "allreduce_grad");
-        if constexpr (requires(Strategy & s, const grad_slot& g) { s.check_gradient_memory(g); }) {
-          self().check_gradient_memory(slot);
-        }
+        strategy_access::check_gradient_memory(self(), slot);
       }
     });
   }
@@ -406,17 +379,6 @@ private:
     }
     sync_->mark_reread(
         index, detail::reread_parameter(params, index, sync_->elements(), sync_->missing()));
-  }
-
-  // How gradients are grouped into buckets under `options`, for this strategy (which may say
-  // otherwise with a static `bucket_limits_for(options)`: naive does, with none).
-  static detail::bucket_limits bucketing(const communicator_options& options) {
-    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
-      return Strategy::bucket_limits_for(options);
-    } else {
-      return {options.bucket_bytes, options.first_bucket_bytes,
-              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
-    }
   }
 
   std::unique_ptr<detail::grad_sync> sync_;

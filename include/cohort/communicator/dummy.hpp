@@ -26,7 +26,7 @@ public:
   using basic_communicator<dummy>::basic_communicator;
 
 private:
-  friend class basic_communicator<dummy>;
+  friend strategy_access;
 
   void exchange(tensor_view, reduce_op) {}
 };

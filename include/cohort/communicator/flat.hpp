@@ -24,7 +24,7 @@ public:
   using basic_communicator<flat>::basic_communicator;
 
 private:
-  friend class basic_communicator<flat>;
+  friend strategy_access;
 
   void exchange(tensor_view bucket, reduce_op op) { mpi::allreduce(grad_comm(), bucket, op); }
 };

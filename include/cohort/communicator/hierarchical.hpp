@@ -32,7 +32,7 @@ public:
   using base::base;
 
 private:
-  friend base;
+  friend strategy_access;
 
   void exchange(tensor_view bucket, reduce_op op) {
     // The inter communicator of intra rank 0 links exactly the nodes' first ranks.

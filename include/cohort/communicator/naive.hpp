@@ -24,7 +24,7 @@ public:
   using basic_communicator<naive>::basic_communicator;
 
 private:
-  friend class basic_communicator<naive>;
+  friend strategy_access;
 
   // Every gradient alone in its bucket, and in place where its dtype allows.
   static detail::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }

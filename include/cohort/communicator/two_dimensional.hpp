@@ -70,7 +70,7 @@ public:
   ~two_dimensional() { this->finish_overlap(); }
 
 private:
-  friend base;
+  friend strategy_access;
 
   // The ring's buffers, grown before the ranks agree to reduce (an allocation that fails here is
   // an error on every rank; inside the ring it would leave the others waiting).

@@ -80,26 +80,23 @@ public:
   //! host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    broadcast_device_parameters(
-        params, root, [](const tensor_view&, const std::string&) {},
-        [&](std::span<const tensor_view> values) {
-          const cudaStream_t s = streams_.begin();
-          broadcast_.run(values, rank() == root, options().bucket_bytes,
-                         options().fusion_threshold_bytes, s, [&](void* data, std::size_t bytes) {
-                           // MPI does not order itself on CUDA streams: on the root the pack (and
-                           // the user's work before it) must be done before MPI reads; elsewhere
-                           // the unpack of the last bucket, before MPI overwrites the buffer.
-                           cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-                           mpi::broadcast(mpi_comm(),
-                                          {data, bytes, dtype::uint8, memory_location::device},
-                                          root);
-                         });
-          streams_.end();
-        });
+    broadcast_device_parameters(params, root, [&](std::span<const tensor_view> values) {
+      streams_.run([&](cudaStream_t s) {
+        broadcast_.run(values, rank() == root, options().bucket_bytes,
+                       options().fusion_threshold_bytes, s, [&](void* data, std::size_t bytes) {
+                         // MPI does not order itself on CUDA streams: on the root the pack (and
+                         // the user's work before it) must be done before MPI reads; elsewhere
+                         // the unpack of the last bucket, before MPI overwrites the buffer.
+                         cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+                         mpi::broadcast(mpi_comm(),
+                                        {data, bytes, dtype::uint8, memory_location::device}, root);
+                       });
+      });
+    });
   }
 
 private:
-  friend base;
+  friend strategy_access;
 
   // Before the ranks agree: the buffers, and a refusal of 16-bit wires. The MPI ops of fp16 and
   // bf16 are host functions: on device memory only an MPI that stages through the host could run
@@ -117,13 +114,13 @@ private:
 
   // The plan prepare_gradients made from the reducer's table, before the ranks agreed.
   void reduce_gradients(std::span<const grad_slot> slots, const reduction_table&) {
-    const cudaStream_t s = streams_.begin();
-    fused_.run(slots, s, [&](tensor_view packed, reduce_op op) {
-      // MPI does not order itself on CUDA streams: the pack must be done before it reads.
-      cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-      mpi::allreduce(mpi_comm(), packed, op);
+    streams_.run([&](cudaStream_t s) {
+      fused_.run(slots, s, [&](tensor_view packed, reduce_op op) {
+        // MPI does not order itself on CUDA streams: the pack must be done before it reads.
+        cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+        mpi::allreduce(mpi_comm(), packed, op);
+      });
     });
-    streams_.end();
   }
 
   detail::device_streams streams_;

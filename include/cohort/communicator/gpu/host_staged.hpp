@@ -72,6 +72,15 @@ public:
         "cudaMemcpyAsync (host to device)");
   }
 
+  //! `broadcast` with MPI on `comm` (where this process is `rank`) from `root`: the parameter
+  //! broadcast of the strategies that stage through the host.
+  void broadcast_over_mpi(MPI_Comm comm, int rank, int root, std::span<const tensor_view> values,
+                          std::size_t capacity, cudaStream_t stream) {
+    broadcast(values, rank == root, capacity, stream, [&](void* host, std::size_t bytes) {
+      mpi::broadcast(comm, {host, bytes, dtype::uint8, memory_location::host}, root);
+    });
+  }
+
   //! Broadcasts `values` (device memory) from the root through the buffer, `capacity` bytes at a
   //! time: the root copies a bucket's worth into it on `stream`, `send(void* host, std::size_t
   //! bytes)` broadcasts the bucket on the host once the copies are done, and the other ranks copy
@@ -206,22 +215,15 @@ public:
   //! differ). Parameters in host memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    broadcast_device_parameters(
-        params, root, [](const tensor_view&, const std::string&) {},
-        [&](std::span<const tensor_view> values) {
-          const cudaStream_t s = streams_.begin();
-          staging_.broadcast(values, rank() == root, options().bucket_bytes, s,
-                             [&](void* host, std::size_t bytes) {
-                               mpi::broadcast(mpi_comm(),
-                                              {host, bytes, dtype::uint8, memory_location::host},
-                                              root);
-                             });
-          streams_.end();
-        });
+    broadcast_device_parameters(params, root, [&](std::span<const tensor_view> values) {
+      streams_.run([&](cudaStream_t s) {
+        staging_.broadcast_over_mpi(mpi_comm(), rank(), root, values, options().bucket_bytes, s);
+      });
+    });
   }
 
 private:
-  friend base;
+  friend strategy_access;
 
   void prepare_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
     fused_.prepare(slots, reduction);
@@ -229,23 +231,24 @@ private:
 
   // The plan prepare_gradients made from the reducer's table, before the ranks agreed.
   void reduce_gradients(std::span<const grad_slot> slots, const reduction_table&) {
-    const cudaStream_t s = streams_.begin();
-    fused_.run(slots, s, [&](tensor_view packed, reduce_op op) {
-      // The host must wait for the pack before MPI reads the copy: one synchronisation per bucket.
-      staging_.round_trip(
-          packed, true, s, [&] { synchronize(s); },
-          [&](tensor_view host) { mpi::allreduce(mpi_comm(), host, op); });
+    streams_.run([&](cudaStream_t s) {
+      fused_.run(slots, s, [&](tensor_view packed, reduce_op op) {
+        // The host must wait for the pack before MPI reads the copy: one synchronisation per
+        // bucket.
+        staging_.round_trip(
+            packed, true, s, [&] { synchronize(s); },
+            [&](tensor_view host) { mpi::allreduce(mpi_comm(), host, op); });
+      });
     });
-    streams_.end();
   }
 
   // Copies `device` to pinned memory (if `copy_in`), runs `f` on the host copy, copies it back.
   template <class F>
   void staged(tensor_view device, bool copy_in, F&& f) {
-    const cudaStream_t s = streams_.begin();
-    staging_.round_trip(
-        device, copy_in, s, [&] { synchronize(s); }, f);
-    streams_.end();
+    streams_.run([&](cudaStream_t s) {
+      staging_.round_trip(
+          device, copy_in, s, [&] { synchronize(s); }, f);
+    });
   }
 
   static void synchronize(cudaStream_t s) {

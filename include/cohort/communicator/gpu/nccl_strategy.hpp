@@ -237,7 +237,7 @@ public:
   }
 
 protected:
-  friend base;
+  friend strategy_access;
 
   // Before the ranks agree (see device_fused_reduction::prepare), on the device the work runs on.
   void prepare_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {

@@ -49,6 +49,13 @@ public:
     return own_->done;
   }
 
+  //! `work(stream)` queued on cohort's stream between `begin` and `end`; returns `end`'s event.
+  template <class Work>
+  const cuda::event& run(Work&& work) {
+    work(begin());
+    return end();
+  }
+
   //! Blocks the host until cohort's work is done.
   void synchronize() const {
     if (own_) {

@@ -138,19 +138,12 @@ public:
   //! memory go through MPI, as in every strategy.
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
-    this->broadcast_device_parameters(
-        params, root, [](const tensor_view&, const std::string&) {},
-        [&](std::span<const tensor_view> values) {
-          device_streams& streams = this->streams();
-          const cudaStream_t s = streams.begin();
-          staging_.broadcast(values, this->rank() == root, this->options().bucket_bytes, s,
-                             [&](void* host, std::size_t bytes) {
-                               mpi::broadcast(this->mpi_comm(),
-                                              {host, bytes, dtype::uint8, memory_location::host},
-                                              root);
-                             });
-          streams.end();
-        });
+    this->broadcast_device_parameters(params, root, [&](std::span<const tensor_view> values) {
+      this->streams().run([&](cudaStream_t s) {
+        staging_.broadcast_over_mpi(this->mpi_comm(), this->rank(), root, values,
+                                    this->options().bucket_bytes, s);
+      });
+    });
   }
 
 protected:

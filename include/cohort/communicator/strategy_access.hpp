@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What the gradient-sync engine asks of a strategy, found at compile time: whether it reduces
+// device memory, the hooks it defines (as a `strategy_ref` of function pointers, so that the
+// engine is compiled once whatever the strategy) and how it groups gradients into buckets. A
+// strategy keeps its hooks private, open to `strategy_access` alone.
+
+#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/detail/grad_sync.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/options.hpp>
+#include <cohort/config.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/reducer/concepts.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <span>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+//! Whether `Strategy` reduces device memory (it says so with `static constexpr bool
+//! reduces_gpu_memory = true`): such a strategy reduces all gradients in one call of its own; a
+//! host strategy exchanges buckets, and can overlap them with backward. A function, not a
+//! concept: nvcc caches a concept's answer, and it would ask while the strategy is incomplete.
+template <class Strategy>
+constexpr bool is_device_strategy() {
+  return requires {
+    requires Strategy::reduces_gpu_memory;
+  };
+}
+
+} // namespace detail
+
+//! How the engine reaches a strategy's hooks, which the strategy keeps private and opens to this
+//! class alone (`friend cohort::strategy_access;`, as Boost.Iterator's `iterator_core_access`):
+//! they are not for its users to call. Public hooks need no friend.
+class strategy_access {
+public:
+  //! `strategy` as the engine sees it: its `reduce_gradients` (and `prepare_gradients`, if
+  //! any) for a device strategy, its `exchange` (and `prepare_exchange`, if any) for a host one.
+  template <class Strategy>
+  static detail::strategy_ref ref(Strategy& strategy) noexcept {
+    detail::strategy_ref s;
+    s.self = &strategy;
+    if constexpr (detail::is_device_strategy<Strategy>()) {
+      s.reduce_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
+        static_cast<Strategy*>(p)->reduce_gradients(slots, t);
+      };
+      if constexpr (requires(Strategy & st, std::span<const grad_slot> g,
+                             const reduction_table& t) { st.prepare_gradients(g, t); }) {
+        s.prepare_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
+          static_cast<Strategy*>(p)->prepare_gradients(slots, t);
+        };
+      }
+    } else {
+      s.exchange = [](void* p, tensor_view bucket, reduce_op op) {
+        static_cast<Strategy*>(p)->exchange(bucket, op);
+      };
+      if constexpr (requires(Strategy & st, const detail::bucket& b) { st.prepare_exchange(b); }) {
+        s.prepare = [](void* p, const detail::bucket& b) {
+          static_cast<Strategy*>(p)->prepare_exchange(b);
+        };
+      }
+    }
+    return s;
+  }
+
+  //! Throws `invalid_argument` if `strategy` cannot reduce the memory `slot` is in (a strategy
+  //! may declare `void check_gradient_memory(const grad_slot&)`; by default all memory of the
+  //! right location is fine).
+  template <class Strategy>
+  static void check_gradient_memory(Strategy& strategy, const grad_slot& slot) {
+    if constexpr (requires { strategy.check_gradient_memory(slot); }) {
+      strategy.check_gradient_memory(slot);
+    }
+  }
+
+  //! The number of buckets a device strategy reduces per step (it counts its own with
+  //! `device_bucket_count()`), or nothing for a host strategy.
+  template <class Strategy>
+  static std::optional<std::size_t> device_bucket_count(const Strategy& strategy) noexcept {
+    if constexpr (requires { strategy.device_bucket_count(); }) {
+      return strategy.device_bucket_count();
+    } else {
+      return std::nullopt;
+    }
+  }
+
+  //! How gradients are grouped into buckets under `options` for `Strategy`, which may say
+  //! otherwise with a static `bucket_limits_for(options)` (naive does: no buckets).
+  template <class Strategy>
+  static detail::bucket_limits bucketing(const communicator_options& options) {
+    if constexpr (requires { Strategy::bucket_limits_for(options); }) {
+      return Strategy::bucket_limits_for(options);
+    } else {
+      return {options.bucket_bytes, options.first_bucket_bytes,
+              std::min(options.fusion_threshold_bytes, options.bucket_bytes)};
+    }
+  }
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
