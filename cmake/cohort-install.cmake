@@ -9,7 +9,7 @@ set(COHORT_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/cohort)
 install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 set(COHORT_COMPONENTS_BUILT)
-foreach(component IN ITEMS cohort cuda nccl)
+foreach(component IN ITEMS cohort cuda nccl eigen torch)
   if(component STREQUAL "cohort")
     set(target cohort)
     set(set_name cohort-targets)

@@ -18,8 +18,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
 
+# libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested.
 packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
-          libboost-serialization-dev)
+          libboost-serialization-dev libeigen3-dev libtorch-dev)
 
 deps() {
   local missing=()
@@ -79,7 +80,7 @@ case "${1:-}" in
              test_communicator_any_communicator
              test_communicator_topology test_communicator_failure
              test_training_distributed_optimizer test_training_scatter_dataset
-             test_training_evaluator)
+             test_training_evaluator test_adapters_eigen)
     supp="$root/test/sanitizers"
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 exitcode=66 second_deadlock_stack=1"
     # Full stacks for the leak check, so that Open MPI's allocations are told apart by library
@@ -102,7 +103,7 @@ case "${1:-}" in
         "-DCMAKE_EXE_LINKER_FLAGS=$flags"
       cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
       (cd "$dir" && ctest --output-on-failure -j 2 --timeout 600 \
-        -R '^(transport|algorithm|communicator|training)\.')
+        -R '^(transport|algorithm|communicator|training|adapters\.eigen)\.')
     done
     ;;
   bench)

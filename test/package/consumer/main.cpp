@@ -4,6 +4,12 @@
 #if defined(CONSUMER_WITH_NCCL)
 #include <cohort/transport/nccl.hpp> // the nccl component's headers and library are there
 #endif
+#if defined(CONSUMER_WITH_EIGEN)
+#include <cohort/adapters/eigen.hpp>
+#endif
+#if defined(CONSUMER_WITH_TORCH)
+#include <cohort/adapters/torch.hpp>
+#endif
 
 #include <boost/mpi/environment.hpp>
 
@@ -34,6 +40,22 @@ int main(int argc, char** argv) {
   const float expected = -static_cast<float>(comm.size() + 1) / 2;
 #if defined(CONSUMER_WITH_NCCL)
   (void)&cohort::nccl::datatype;
+#endif
+#if defined(CONSUMER_WITH_EIGEN)
+  Eigen::VectorXf e = Eigen::VectorXf::Constant(3, 1.0f);
+  comm.allreduce(e, cohort::reduce_op::sum);
+  if (e(2) != static_cast<float>(comm.size())) {
+    std::fprintf(stderr, "consumer: rank %d: Eigen sum %f\n", comm.rank(), e(2));
+    return 1;
+  }
+#endif
+#if defined(CONSUMER_WITH_TORCH)
+  at::Tensor t = torch::ones({3}, torch::kFloat64);
+  comm.allreduce(t, cohort::reduce_op::sum);
+  if (t[2].item<double>() != comm.size()) {
+    std::fprintf(stderr, "consumer: rank %d: LibTorch sum %f\n", comm.rank(), t[2].item<double>());
+    return 1;
+  }
 #endif
   if (w[0] != expected) {
     std::fprintf(stderr, "consumer: rank %d got %f, expected %f\n", comm.rank(), w[0], expected);

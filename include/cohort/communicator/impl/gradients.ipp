@@ -22,7 +22,7 @@ COHORT_DECL std::string slot_description(const grad_slot& slot) {
     return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type) +
            " for a value of " + std::to_string(slot.value_count) + " elements";
   case slot_state::not_contiguous:
-    return "a gradient that is not contiguous";
+    return "a gradient that is not one dense block of memory (strided, or sparse)";
   case slot_state::ok:
     break;
   }
