@@ -20,8 +20,13 @@ class CohortConan(ConanFile):
     # The components a consumer may ask for. The headers and the CMake package are the same
     # either way (CUDA and NCCL are found on the consumer's machine, as CMake's components do):
     # these options only say which components the package declares.
-    options = {"with_cuda": [True, False], "with_nccl": [True, False]}
-    default_options = {"with_cuda": False, "with_nccl": False}
+    # with_eigen requires Eigen (ConanCenter's, or the system's through [platform_requires]);
+    # with_torch declares cohort::torch over the LibTorch that cohort's CMake package finds on the
+    # consumer's machine (Torch_DIR): LibTorch is not on ConanCenter.
+    options = {"with_cuda": [True, False], "with_nccl": [True, False],
+               "with_eigen": [True, False], "with_torch": [True, False]}
+    default_options = {"with_cuda": False, "with_nccl": False, "with_eigen": False,
+                       "with_torch": False}
     exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
 
     def config_options(self):
@@ -39,6 +44,8 @@ class CohortConan(ConanFile):
         # MPI by default: take both from the system with [platform_requires] (README).
         self.requires("boost/[>=1.74]", transitive_headers=True)
         self.requires("openmpi/[>=4.1]", transitive_headers=True)
+        if self.options.with_eigen:
+            self.requires("eigen/[>=3.4]", transitive_headers=True)
 
     def package_id(self):
         self.info.clear()
@@ -52,6 +59,8 @@ class CohortConan(ConanFile):
         toolchain.cache_variables["COHORT_BUILD_EXAMPLES"] = False
         toolchain.cache_variables["COHORT_BUILD_BENCHMARKS"] = False
         toolchain.cache_variables["COHORT_WITH_CUDA"] = bool(self.options.with_cuda)
+        toolchain.cache_variables["COHORT_WITH_EIGEN"] = bool(self.options.with_eigen)
+        toolchain.cache_variables["COHORT_WITH_TORCH"] = bool(self.options.with_torch)
         toolchain.cache_variables["CMAKE_INSTALL_DATADIR"] = "share"
         toolchain.generate()
 
@@ -92,3 +101,16 @@ class CohortConan(ConanFile):
             component.system_libs = [library]
             component.bindirs = []
             component.libdirs = []
+        # The adapters: Eigen from its package, LibTorch found by cohort's CMake package.
+        if self.options.with_eigen:
+            eigen = self.cpp_info.components["eigen"]
+            eigen.set_property("cmake_target_name", "cohort::eigen")
+            eigen.requires = ["cohort", "eigen::eigen"]
+            eigen.bindirs = []
+            eigen.libdirs = []
+        if self.options.with_torch:
+            torch = self.cpp_info.components["torch"]
+            torch.set_property("cmake_target_name", "cohort::torch")
+            torch.requires = ["cohort"]
+            torch.bindirs = []
+            torch.libdirs = []

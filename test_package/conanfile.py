@@ -18,7 +18,9 @@ class CohortTestConan(ConanFile):
 
     def build(self):
         cmake = CMake(self)
-        cmake.configure()
+        options = self.dependencies["cohort"].options
+        components = [name for name in ("eigen", "torch") if options.get_safe(f"with_{name}")]
+        cmake.configure(variables={"COHORT_COMPONENTS": ";".join(components)})
         cmake.build()
 
     def test(self):

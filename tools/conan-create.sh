@@ -20,6 +20,7 @@ conan="$work/venv/bin/conan"
 boost_version=$(sed -n 's/^#define BOOST_LIB_VERSION "\([0-9_]*\)"/\1/p' /usr/include/boost/version.hpp |
                 tr _ .)
 mpi_version=$(mpirun --version | sed -n 's/.*Open MPI[^0-9]*\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+eigen_version=$(pkg-config --modversion eigen3)
 # A three-part version, as Conan's ranges compare them.
 [ "$(echo "$boost_version" | tr -cd . | wc -c)" -ge 2 ] || boost_version="$boost_version.0"
 cat > "$work/system-profile" <<PROFILE
@@ -29,6 +30,10 @@ compiler.cppstd=20
 [platform_requires]
 boost/$boost_version
 openmpi/$mpi_version
+eigen/$eigen_version
 PROFILE
 
-"$conan" create "$root" --profile:all "$work/system-profile" --build=missing --no-remote
+# With the Eigen adapter (Debian's Eigen, declared above), so that test_package builds against
+# cohort::eigen too.
+"$conan" create "$root" --profile:all "$work/system-profile" --build=missing --no-remote \
+  -o "cohort/*:with_eigen=True"

@@ -80,7 +80,7 @@ case "${1:-}" in
              test_communicator_any_communicator
              test_communicator_topology test_communicator_failure
              test_training_distributed_optimizer test_training_scatter_dataset
-             test_training_evaluator test_adapters_eigen)
+             test_training_evaluator test_adapters_eigen test_adapters_torch)
     supp="$root/test/sanitizers"
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 exitcode=66 second_deadlock_stack=1"
     # Full stacks for the leak check, so that Open MPI's allocations are told apart by library
@@ -103,7 +103,7 @@ case "${1:-}" in
         "-DCMAKE_EXE_LINKER_FLAGS=$flags"
       cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
       (cd "$dir" && ctest --output-on-failure -j 2 --timeout 600 \
-        -R '^(transport|algorithm|communicator|training|adapters\.eigen)\.')
+        -R '^(transport|algorithm|communicator|training|adapters)\.')
     done
     ;;
   bench)

@@ -30,17 +30,17 @@ run() {
   status=$?
   printf '%s\n' "$output"
   if [ "$status" -ne 0 ]; then
-    echo "compare_ranks: FAILED: mnist_mlp on $ranks rank(s) exited with status $status" >&2
+    echo "compare_ranks: FAILED: $(basename "$program") on $ranks rank(s) exited with status $status" >&2
     exit 1
   fi
   lines=$(printf '%s\n' "$output" | grep -c '^test accuracy: ')
   if [ "$lines" -ne 1 ]; then
-    echo "compare_ranks: FAILED: mnist_mlp on $ranks rank(s) printed $lines 'test accuracy:' lines, expected 1" >&2
+    echo "compare_ranks: FAILED: $(basename "$program") on $ranks rank(s) printed $lines 'test accuracy:' lines, expected 1" >&2
     exit 1
   fi
   accuracy=$(printf '%s\n' "$output" | sed -n 's/^test accuracy: \([0-9][0-9.]*\)$/\1/p')
   if [ -z "$accuracy" ]; then
-    echo "compare_ranks: FAILED: cannot read the accuracy in mnist_mlp's 'test accuracy:' line on $ranks rank(s)" >&2
+    echo "compare_ranks: FAILED: cannot read the accuracy in the program's 'test accuracy:' line on $ranks rank(s)" >&2
     exit 1
   fi
 }

@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -35,9 +34,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
+#include "../common/command_line.hpp"
 #include "../common/mnist_data.hpp"
 
 namespace {
@@ -223,11 +222,8 @@ constexpr std::string_view usage = R"(usage: mnist_mlp [options]
   --help             print this and exit
 )";
 
-// A mistake on the command line: every rank makes it, so every rank can stop without hanging.
-class usage_error : public std::runtime_error {
-public:
-  using std::runtime_error::runtime_error;
-};
+using command_line::parse_value;
+using command_line::usage_error;
 
 struct options {
   int epochs = 3;
@@ -242,16 +238,6 @@ struct options {
   std::string strategy;
   bool help = false;
 };
-
-template <class T>
-T parse_value(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc{} || end != text.data() + text.size() || text.empty()) {
-    throw usage_error(std::string(flag) + " expects a number, not '" + std::string(text) + "'");
-  }
-  return value;
-}
 
 template <class T>
 T parse_at_least(std::string_view flag, std::string_view text, T minimum) {

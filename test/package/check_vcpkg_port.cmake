@@ -54,6 +54,19 @@ if(NOT "cuda" IN_LIST cuda_names OR NOT "nccl" IN_LIST nccl_names OR
                       "feature nccl needs nccl and cohort[cuda] (${nccl_names})")
 endif()
 
+# The adapters' features name the vcpkg ports of their libraries.
+foreach(feature IN ITEMS eigen:eigen3 torch:libtorch)
+  string(REPLACE ":" ";" pair ${feature})
+  list(GET pair 0 feature_name)
+  list(GET pair 1 port_name)
+  string(JSON feature_deps GET "${manifest}" features ${feature_name} dependencies)
+  dependencies("${feature_deps}" feature_names)
+  if(NOT port_name IN_LIST feature_names)
+    message(FATAL_ERROR "vcpkg.json: feature ${feature_name} needs the port ${port_name} "
+                        "(${feature_names})")
+  endif()
+endforeach()
+
 # Every -DCOHORT_* the portfile passes, and every feature option, is an option of cohort's CMake.
 file(READ ${port}/portfile.cmake portfile)
 string(REGEX MATCHALL "COHORT_[A-Z_]+" used "${portfile}")

@@ -1,154 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// LibTorch as a trainer cohort reduces the gradients of: `at::Tensor` as a tensor (dtype and
-// device read at run time), a module's parameters and buffers as parameter sets. Opt-in: not
-// included by <cohort/cohort.hpp>; link the `cohort::torch` CMake target. Written against the
-// API that LibTorch 1.13 and 2.x share; nothing of c10d or ProcessGroup (internal, and changed
-// between versions).
-//
-// A tensor is taken when it is one dense block of memory (`is_non_overlapping_and_dense`, not
-// only `is_contiguous`: a transposed weight is dense too, and its gradient has its layout on
-// every rank alike); a strided slice, or a sparse tensor, is a gradient cohort refuses with an
-// error naming the parameter on every rank. A dtype cohort has no wire for (complex, bool, int8,
-// int16...) throws `invalid_argument` naming it. CPU tensors are in host memory, CUDA tensors in
-// device memory (reduce them with a GPU strategy).
+// LibTorch as a trainer whose gradients cohort reduces (issue 12): `at::Tensor` as a tensor
+// (torch/tensor.hpp), a module's parameters and buffers as parameter sets (torch/module.hpp),
+// an optimizer's state broadcast by parameter name (torch/optimizer_state.hpp), the intra-op
+// threads a rank should run (torch/threads.hpp), and
+// `cohort::torch::distributed_optimizer` (torch/distributed_optimizer.hpp): DDP for C++, with
+// backward hooks for overlap. Opt-in: not included by <cohort/cohort.hpp>; link the
+// `cohort::torch` CMake target. Written against the API that LibTorch 1.13 and 2.x share;
+// nothing of c10d or ProcessGroup (internal, and changed between versions).
 
-#include <cohort/config.hpp>
-#include <cohort/error.hpp>
-#include <cohort/tensor/dtype.hpp>
-#include <cohort/tensor/location.hpp>
-#include <cohort/tensor/parameter.hpp>
-#include <cohort/tensor/traits.hpp>
-
-#include <cstddef>
-#include <sstream>
-#include <string>
-#include <string_view>
-#include <torch/torch.h>
-#include <vector>
-
-namespace cohort {
-inline namespace COHORT_ABI_NAMESPACE {
-namespace torch {
-
-//! cohort's dtype of a LibTorch scalar type; throws `invalid_argument` naming the others.
-inline dtype dtype_of(c10::ScalarType type) {
-  switch (type) {
-  case c10::ScalarType::Float:
-    return dtype::float32;
-  case c10::ScalarType::Double:
-    return dtype::float64;
-  case c10::ScalarType::Half:
-    return dtype::float16;
-  case c10::ScalarType::BFloat16:
-    return dtype::bfloat16;
-  case c10::ScalarType::Int:
-    return dtype::int32;
-  case c10::ScalarType::Long:
-    return dtype::int64;
-  case c10::ScalarType::Byte:
-    return dtype::uint8;
-  default:
-    throw invalid_argument("cohort: a tensor of torch dtype " + std::string(c10::toString(type)) +
-                           " has no cohort dtype (float32, float64, float16, bfloat16, int32, "
-                           "int64, uint8); convert it first");
-  }
-}
-
-//! Where a LibTorch device's memory is, for cohort; throws `invalid_argument` for devices other
-//! than the CPU and CUDA.
-inline memory_location location_of(const c10::Device& device) {
-  if (device.is_cpu()) {
-    return memory_location::host;
-  }
-  if (device.is_cuda()) {
-    return memory_location::device;
-  }
-  std::ostringstream name;
-  name << device;
-  throw invalid_argument("cohort: a tensor on torch device " + name.str() +
-                         ": cohort reduces CPU (host) and CUDA (device) memory only");
-}
-
-//! One parameter (or buffer) of a module: its name in `named_parameters()` and the tensor. The
-//! gradient is the tensor's own `grad()`, read when cohort reads the parameter set.
-struct parameter {
-  std::string name;
-  at::Tensor value;
-};
-
-//! The parameters of `module` that require a gradient, named and in the order of
-//! `named_parameters()` (registration order: the same on every rank that built the same model;
-//! the agreement compares the names before anything is reduced).
-inline std::vector<parameter> parameters(const ::torch::nn::Module& module) {
-  std::vector<parameter> set;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (item.value().requires_grad()) {
-      set.push_back({item.key(), item.value()});
-    }
-  }
-  return set;
-}
-
-//! The buffers of `module` (BatchNorm's running statistics, say), named: a parameter set without
-//! gradients, to broadcast with `broadcast_parameters`. Undefined buffers are left out.
-inline std::vector<parameter> buffers(const ::torch::nn::Module& module) {
-  std::vector<parameter> set;
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) {
-      set.push_back({item.key(), item.value()});
-    }
-  }
-  return set;
-}
-
-//! Overwrites every parameter and buffer of `module` with `root`'s (collective): the replicas
-//! start identical. The ranks first agree on the names, sizes and dtypes.
-template <class Communicator>
-void broadcast_module(Communicator& comm, const ::torch::nn::Module& module, int root = 0) {
-  const ::torch::NoGradGuard no_grad;
-  std::vector<parameter> all;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    all.push_back({item.key(), item.value()});
-  }
-  for (parameter& b : buffers(module)) {
-    all.push_back(std::move(b));
-  }
-  comm.broadcast_parameters(all, root);
-}
-
-} // namespace torch
-
-//! `at::Tensor` (and so `torch::Tensor`): dtype and device at run time. An undefined tensor (a
-//! gradient backward has not produced) has no elements.
-template <>
-struct tensor_traits<at::Tensor> {
-  static void* data(at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-  static const void* data(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-  static std::size_t size(const at::Tensor& t) {
-    return t.defined() ? static_cast<std::size_t>(t.numel()) : 0;
-  }
-  static dtype dtype_of(const at::Tensor& t) {
-    return t.defined() ? torch::dtype_of(t.scalar_type()) : dtype::float32;
-  }
-  static memory_location location_of(const at::Tensor& t) {
-    return t.defined() ? torch::location_of(t.device()) : memory_location::host;
-  }
-  //! One dense block, whatever its strides; a sparse tensor is not.
-  static bool is_contiguous(const at::Tensor& t) {
-    return !t.defined() || (t.layout() == c10::kStrided && t.is_non_overlapping_and_dense());
-  }
-};
-
-template <>
-struct parameter_traits<torch::parameter> {
-  static std::string_view name(const torch::parameter& p) noexcept { return p.name; }
-  static at::Tensor& value(torch::parameter& p) noexcept { return p.value; }
-  static const at::Tensor& value(const torch::parameter& p) noexcept { return p.value; }
-  //! The tensor's own gradient slot (undefined until backward writes it).
-  static at::Tensor* grad(const torch::parameter& p) { return &p.value.mutable_grad(); }
-};
-
-} // namespace COHORT_ABI_NAMESPACE
-} // namespace cohort
+#include <cohort/adapters/torch/distributed_optimizer.hpp>
+#include <cohort/adapters/torch/module.hpp>
+#include <cohort/adapters/torch/optimizer_state.hpp>
+#include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/adapters/torch/threads.hpp>

@@ -10,6 +10,8 @@ get_filename_component(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE
 vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
   FEATURES
     cuda COHORT_WITH_CUDA
+    eigen COHORT_WITH_EIGEN
+    torch COHORT_WITH_TORCH
 )
 
 vcpkg_cmake_configure(

@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// DDP for C++: `cohort::torch::distributed_optimizer` wraps any `torch::optim::Optimizer` over
+// a module. At construction rank 0's parameters, buffers and optimizer state are copied to every
+// rank; each step's gradients are averaged over the ranks before the optimizer steps. With
+// overlap (the default on host strategies) a post hook on every parameter's AccumulateGrad node
+// marks its gradient ready as backward produces it, so that buckets are reduced while backward
+// still runs, and the end of backward (the autograd engine's final callback) settles the
+// parameters backward did not reach: the trainer's loop changes in nothing but the optimizer's
+// type.
+//
+// The hooks use LibTorch's autograd API that 1.13 and 2.x share (`impl::grad_accumulator`,
+// `Node::add_post_hook`, `Engine::queue_callback`), not c10d.
+
+#include <cohort/adapters/torch/module.hpp>
+#include <cohort/adapters/torch/optimizer_state.hpp>
+#include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/communicator/concepts.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/reducer/concepts.hpp>
+#include <cohort/reducer/mean.hpp>
+#include <cohort/training/distributed_optimizer.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace torch {
+namespace detail {
+
+// A LibTorch optimizer as cohort's optimizer concept sees it: `step()` without a closure. LBFGS
+// has none (it needs the closure): its steps go through step(closure), and a plain step() is
+// refused by name.
+template <class Optimizer>
+struct stepper {
+  Optimizer optimizer;
+  void step() {
+    if constexpr (requires { optimizer.step(); }) {
+      optimizer.step();
+    } else {
+      throw invalid_argument("cohort::torch::distributed_optimizer: this optimizer steps with a "
+                             "closure only (LBFGS): call step(closure)");
+    }
+  }
+};
+
+} // namespace detail
+
+//! Options of `cohort::torch::distributed_optimizer`.
+struct distributed_options {
+  //! Reduce buckets while backward runs (hooks on the AccumulateGrad nodes). Host strategies
+  //! only (a device strategy reduces at `step()`); needs MPI started with MPI_THREAD_MULTIPLE.
+  bool overlap = true;
+  //! DDP's `find_unused_parameters`: a parameter backward gave no gradient counts as a zero
+  //! gradient on this rank (the same zeros on every rank that did not use it). Off: it is an
+  //! error naming the parameters, on every rank.
+  bool find_unused_parameters = false;
+  //! The rank whose parameters, buffers and optimizer state every replica starts from.
+  int root = 0;
+};
+
+//! A LibTorch optimizer made data-parallel over `Communicator` (a strategy: cohort::flat...).
+//! Holds the module's parameter set and the hooks; the module and the communicator are held by
+//! reference and must outlive it. Not movable: the hooks point at it.
+//!
+//! One backward per step: the end of a backward settles the parameters it did not reach, so a
+//! second backward in the same step (gradient accumulation) goes inside `no_sync()`. The hooks
+//! may run on several threads at once (a graph that spans devices); two trainers on two threads
+//! each have their own communicator.
+template <class Optimizer, class Communicator, reducer Reducer = mean>
+requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
+class distributed_optimizer {
+public:
+  //! Collective: copies `root`'s parameters, buffers and optimizer state (matched by name) to
+  //! every rank, after the ranks agree on their names, sizes and dtypes. `optimizer` must be built
+  //! over `module`'s parameters.
+  distributed_optimizer(Optimizer optimizer, Communicator& comm, const ::torch::nn::Module& module,
+                        distributed_options options = {}, Reducer reducer = {})
+      : options_(require_possible(options))
+      , params_(torch::parameters(module))
+      , buffers_(torch::buffers(module))
+      , sync_(detail::stepper<Optimizer>{std::move(optimizer)}, comm, params_,
+              cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
+      , fired_(params_.size(), 0) {
+    // The trainable parameters were broadcast above; the frozen ones and the buffers now.
+    std::vector<parameter> rest = buffers_;
+    for (parameter& p : torch::all_parameters(module)) {
+      if (!p.value.requires_grad()) {
+        rest.push_back(std::move(p));
+      }
+    }
+    if (!rest.empty()) {
+      comm.broadcast_parameters(rest, options_.root);
+    }
+    broadcast_optimizer_state(comm, inner(), torch::all_parameters(module), options_.root);
+    if (overlapping()) {
+      try {
+        hooks_.reserve(params_.size());
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+          std::shared_ptr<::torch::autograd::Node> node =
+              ::torch::autograd::impl::grad_accumulator(params_[i].value);
+          const std::uintptr_t key = node->add_post_hook(std::make_unique<ready_hook>(this, i));
+          // Held: a leaf keeps only a weak reference to its AccumulateGrad node, and a new node
+          // would have no hook.
+          hooks_.push_back({std::move(node), key});
+        }
+      } catch (...) {
+        remove_hooks();
+        throw;
+      }
+    }
+  }
+
+  distributed_optimizer(const distributed_optimizer&) = delete;
+  distributed_optimizer& operator=(const distributed_optimizer&) = delete;
+
+  //! Removes the hooks (no backward may run meanwhile).
+  ~distributed_optimizer() { remove_hooks(); }
+
+  //! Averages the gradients over the ranks (or waits for the overlapped reduction), then steps
+  //! the optimizer. Collective.
+  void step() {
+    before_reduction();
+    sync_.step();
+  }
+
+  //! For optimizers that evaluate the loss several times (LBFGS): each evaluation of `closure`
+  //! (which runs forward and backward) is followed by the reduction of the gradients it made,
+  //! and the loss the optimizer sees is the mean over the ranks, so that every replica takes the
+  //! same decisions. Collective, once per evaluation.
+  at::Tensor step(::torch::optim::Optimizer::LossClosure closure) {
+    return inner().step([&]() -> at::Tensor {
+      const at::Tensor loss = closure();
+      before_reduction();
+      sync_.synchronize();
+      sync_.skip_step(); // the update is the optimizer's, inside this call
+      return mean_over_ranks(loss);
+    });
+  }
+
+  //! Clears the gradients: undefined with `set_to_none` (LibTorch 2's default, and this one's),
+  //! else zeros in place.
+  void zero_grad(bool set_to_none = true) {
+    {
+      // A new step: even a backward that failed before its final callback is over.
+      const std::lock_guard lock(mutex_);
+      in_backward_ = false;
+    }
+    for (parameter& p : params_) {
+      at::Tensor& grad = p.value.mutable_grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      if (set_to_none) {
+        grad.reset();
+      } else {
+        grad.detach_();
+        grad.zero_();
+      }
+    }
+  }
+
+  //! While the guard lives, backward accumulates locally and nothing is reduced (gradient
+  //! accumulation); the next `step()` reduces the sum once.
+  [[nodiscard]] auto no_sync() { return sync_.no_sync(); }
+
+  //! Reduces without stepping (to clip the averaged gradients); the next `step()` does not
+  //! reduce again. Collective.
+  void synchronize() {
+    before_reduction();
+    sync_.synchronize();
+  }
+
+  //! Ends the step without an update (after `synchronize()`, when the gradients are not finite,
+  //! say). Collective.
+  void skip_step() {
+    const std::string failure = take_failure();
+    sync_.skip_step();
+    if (!failure.empty()) {
+      throw invalid_argument(failure);
+    }
+  }
+
+  //! Copies `root`'s buffers (BatchNorm's running statistics) to every rank again. Collective.
+  void broadcast_buffers() {
+    if (!buffers_.empty()) {
+      sync_.comm().broadcast_parameters(buffers_, options_.root);
+    }
+  }
+
+  Optimizer& inner() noexcept { return sync_.inner().optimizer; }
+  const std::vector<parameter>& parameters() const noexcept { return params_; }
+  Communicator& comm() const noexcept { return sync_.comm(); }
+
+private:
+  using sync_type =
+      cohort::distributed_optimizer<detail::stepper<Optimizer>, Communicator&, Reducer>;
+
+  static constexpr bool overlap_possible = overlapping_communicator<Communicator>;
+
+  struct ready_hook final : ::torch::autograd::FunctionPostHook {
+    ready_hook(distributed_optimizer* owner, std::size_t index)
+        : owner(owner)
+        , index(index) {}
+    // For AccumulateGrad, `inputs` is the gradient that arrived (and was just accumulated).
+    ::torch::autograd::variable_list
+    operator()(const ::torch::autograd::variable_list& outputs,
+               const ::torch::autograd::variable_list& inputs) override {
+      owner->on_ready(index, !inputs.empty() && inputs.front().defined() &&
+                                 inputs.front().layout() != c10::kStrided);
+      return outputs;
+    }
+    distributed_optimizer* owner;
+    std::size_t index;
+  };
+
+  struct hook {
+    std::shared_ptr<::torch::autograd::Node> node;
+    std::uintptr_t key;
+  };
+
+  static distributed_options require_possible(distributed_options options) {
+    if (options.overlap && overlap_possible) {
+      int provided = MPI_THREAD_SINGLE;
+      MPI_Query_thread(&provided);
+      if (provided < MPI_THREAD_MULTIPLE) {
+        throw invalid_argument(
+            "cohort::torch::distributed_optimizer: overlap needs MPI started with "
+            "MPI_THREAD_MULTIPLE (boost::mpi::environment env(argc, argv, "
+            "boost::mpi::threading::multiple)); or pass {.overlap = false}");
+      }
+    }
+    return options;
+  }
+
+  bool overlapping() const noexcept { return overlap_possible && options_.overlap; }
+
+  void remove_hooks() noexcept {
+    for (const hook& h : hooks_) {
+      h.node->del_post_hook(h.key);
+    }
+    hooks_.clear();
+  }
+
+  // A hook: parameter `index` has its gradient for this backward (`sparse`: it came sparse,
+  // which cohort does not reduce). From the autograd engine's threads.
+  void on_ready(std::size_t index, bool sparse) {
+    if constexpr (overlap_possible) {
+      if (!sync_.syncing()) {
+        return; // no_sync(): the gradients accumulate
+      }
+      const std::lock_guard lock(mutex_);
+      if (!in_backward_) {
+        in_backward_ = true;
+        std::fill(fired_.begin(), fired_.end(), 0);
+        // The reduction begins now and reads every gradient's place: one that backward has not
+        // produced yet is given zeros, into which AccumulateGrad then adds (as after
+        // zero_grad(false)).
+        const ::torch::NoGradGuard no_grad;
+        for (parameter& p : params_) {
+          if (!p.value.mutable_grad().defined()) {
+            p.value.mutable_grad() = at::zeros_like(p.value);
+          }
+        }
+        ::torch::autograd::Engine::get_default_engine().queue_callback(
+            [this] { on_backward_end(); });
+      }
+      if (sparse) {
+        // Added into the zeros given above it is dense now, but blocking would refuse it: refused
+        // alike here, at the end of backward.
+        fired_[index] = 2;
+        return;
+      }
+      fired_[index] = 1;
+      try {
+        sync_.grad_ready(index);
+      } catch (...) {
+        in_backward_ = false; // the engine may not reach the final callback after an error
+        throw;
+      }
+    }
+  }
+
+  // The autograd engine's final callback: backward is over. The parameters it did not reach
+  // hold zeros: reduced as such with find_unused_parameters, else an error on every rank at its
+  // step (not here: an exception from backward would leave the peers' step to find out alone).
+  void on_backward_end() {
+    if constexpr (overlap_possible) {
+      const std::lock_guard lock(mutex_);
+      in_backward_ = false;
+      std::string unused;
+      std::string sparse;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        std::string& list = fired_[i] == 0 ? unused : sparse;
+        if (fired_[i] != 1) {
+          list += (list.empty() ? "" : ", ") + params_[i].name;
+        }
+      }
+      if (unused.empty() && sparse.empty()) {
+        return;
+      }
+      if (sparse.empty() && options_.find_unused_parameters) {
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+          if (fired_[i] == 0) {
+            sync_.grad_ready(i);
+          }
+        }
+        return;
+      }
+      // The other ranks get an error naming this rank at their step; this one, at its own.
+      const std::string why =
+          !sparse.empty()
+              ? "backward gave a sparse gradient to " + sparse +
+                    ": cohort reduces dense gradients only (build the module with dense "
+                    "gradients: Embedding's sparse(false))"
+              : "backward gave no gradient to " + unused +
+                    " (pass find_unused_parameters = true to reduce zeros for them)";
+      comm().abandon_grad_sync(why);
+      failure_ = "cohort::torch::distributed_optimizer on rank " + std::to_string(comm().rank()) +
+                 ": " + why;
+    }
+  }
+
+  // What the end of backward found wrong (empty if nothing); the next backward starts afresh
+  // even if this one never reached its final callback (it failed elsewhere).
+  std::string take_failure() {
+    const std::lock_guard lock(mutex_);
+    in_backward_ = false;
+    return std::exchange(failure_, std::string());
+  }
+
+  // Throws what the end of backward found, or gives unused parameters their zeros.
+  void before_reduction() {
+    if (std::string failure = take_failure(); !failure.empty()) {
+      throw invalid_argument(failure);
+    }
+    if (!options_.find_unused_parameters) {
+      return; // an undefined gradient is reported by name on every rank
+    }
+    const ::torch::NoGradGuard no_grad;
+    for (parameter& p : params_) {
+      if (!p.value.mutable_grad().defined()) {
+        p.value.mutable_grad() = at::zeros_like(p.value);
+      }
+    }
+  }
+
+  // In host memory whatever the strategy: one number.
+  at::Tensor mean_over_ranks(const at::Tensor& loss) {
+    at::Tensor total = loss.detach().to(at::kCPU, at::kDouble).reshape({1}).clone();
+    comm().allreduce(total, reduce_op::sum);
+    return (total / comm().size()).to(loss.device(), loss.scalar_type()).reshape(loss.sizes());
+  }
+
+  distributed_options options_;
+  std::vector<parameter> params_; // before sync_, which holds it by reference
+  std::vector<parameter> buffers_;
+  sync_type sync_;
+  std::mutex mutex_;
+  std::vector<char> fired_;
+  bool in_backward_ = false;
+  std::string failure_; // found at the end of backward, thrown at the step
+  std::vector<hook> hooks_;
+};
+
+} // namespace torch
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

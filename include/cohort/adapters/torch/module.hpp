@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// A LibTorch module's parameters and buffers as cohort parameter sets, and their broadcast.
+
+#include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/config.hpp>
+#include <cohort/tensor/parameter.hpp>
+
+#include <string>
+#include <string_view>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace torch {
+
+//! One parameter (or buffer) of a module: its name in `named_parameters()` and the tensor. The
+//! gradient is the tensor's own `grad()`, read when cohort reads the parameter set.
+struct parameter {
+  std::string name;
+  at::Tensor value;
+};
+
+//! The parameters of `module` that require a gradient, named and in the order of
+//! `named_parameters()` (registration order: the same on every rank that built the same model;
+//! the agreement compares the names before anything is reduced).
+inline std::vector<parameter> parameters(const ::torch::nn::Module& module) {
+  std::vector<parameter> set;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) {
+      set.push_back({item.key(), item.value()});
+    }
+  }
+  return set;
+}
+
+//! Every parameter of `module`, frozen ones too (`requires_grad` false): what must be the same on
+//! every rank even where no gradient is reduced.
+inline std::vector<parameter> all_parameters(const ::torch::nn::Module& module) {
+  std::vector<parameter> set;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    set.push_back({item.key(), item.value()});
+  }
+  return set;
+}
+
+//! The buffers of `module` (BatchNorm's running statistics, say), named: a parameter set without
+//! gradients, to broadcast with `broadcast_parameters`. Undefined buffers are left out.
+inline std::vector<parameter> buffers(const ::torch::nn::Module& module) {
+  std::vector<parameter> set;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) {
+      set.push_back({item.key(), item.value()});
+    }
+  }
+  return set;
+}
+
+//! Overwrites every parameter and buffer of `module` with `root`'s (collective): the replicas
+//! start identical. The ranks first agree on the names, sizes and dtypes.
+template <class Communicator>
+void broadcast_module(Communicator& comm, const ::torch::nn::Module& module, int root = 0) {
+  const ::torch::NoGradGuard no_grad;
+  std::vector<parameter> all = all_parameters(module);
+  for (parameter& b : buffers(module)) {
+    all.push_back(std::move(b));
+  }
+  comm.broadcast_parameters(all, root);
+}
+
+} // namespace torch
+
+template <>
+struct parameter_traits<torch::parameter> {
+  static std::string_view name(const torch::parameter& p) noexcept { return p.name; }
+  static at::Tensor& value(torch::parameter& p) noexcept { return p.value; }
+  static const at::Tensor& value(const torch::parameter& p) noexcept { return p.value; }
+  //! The tensor's own gradient slot (undefined until backward writes it).
+  static at::Tensor* grad(const torch::parameter& p) { return &p.value.mutable_grad(); }
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

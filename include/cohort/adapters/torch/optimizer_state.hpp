@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// A LibTorch optimizer's state (momentum buffers, Adam's moments, LBFGS's history) and its
+// parameter groups' options (learning rate...) copied from one rank to all, matched by parameter
+// name. LibTorch keys an optimizer's state by the address of each parameter's TensorImpl, which
+// differs from process to process, and its serialization maps saved state onto parameters by
+// their position in the parameter groups. So the ranks first agree that the optimizer's
+// parameters are the same names in the same order (a `mismatch_error` naming the first that
+// differs, on every rank); position then is name, and the state travels through LibTorch's own
+// serialization.
+
+#include <cohort/adapters/torch/module.hpp>
+#include <cohort/communicator/agreement.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+
+#include <boost/serialization/string.hpp>
+
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize.h>
+#include <torch/serialize/archive.h>
+#include <unordered_map>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace torch {
+namespace detail {
+
+inline const std::string stray_mark = "(not a parameter of the module) #";
+
+// The names of `optimizer`'s parameters, group by group, from `named`. A parameter that `named`
+// lacks gets a name that says so: the ranks then disagree on it, or all have it and all refuse.
+inline std::vector<std::string>
+optimizer_parameter_names(const ::torch::optim::Optimizer& optimizer,
+                          const std::vector<parameter>& named) {
+  std::unordered_map<const void*, const std::string*> name_of;
+  for (const parameter& p : named) {
+    name_of.emplace(p.value.unsafeGetTensorImpl(), &p.name);
+  }
+  std::vector<std::string> names;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const auto& group = optimizer.param_groups()[g];
+    for (std::size_t i = 0; i < group.params().size(); ++i) {
+      const auto found = name_of.find(group.params()[i].unsafeGetTensorImpl());
+      names.push_back("group " + std::to_string(g) + ": " +
+                      (found == name_of.end() ? stray_mark + std::to_string(i) : *found->second));
+    }
+  }
+  return names;
+}
+
+// What the root sends: its state and options, or why it could not serialize them (so that no
+// rank waits for bytes that never come).
+struct state_message {
+  std::string bytes;
+  std::string failure;
+  std::size_t states = 0;
+
+  template <class Archive>
+  void serialize(Archive& archive, unsigned /*version*/) {
+    // clang-format off
+    archive & bytes;
+    archive & failure;
+    archive & states;
+    // clang-format on
+  }
+};
+
+inline state_message save_state(::torch::optim::Optimizer& optimizer) {
+  state_message message;
+  try {
+    std::ostringstream out;
+    ::torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      ::torch::serialize::OutputArchive options;
+      optimizer.param_groups()[g].options().serialize(options);
+      archive.write("cohort/options/" + std::to_string(g), options);
+    }
+    archive.save_to(out);
+    message.bytes = out.str();
+    message.states = optimizer.state().size();
+  } catch (const std::exception& e) {
+    message.failure = e.what();
+  }
+  return message;
+}
+
+// Loads the root's state; returns what went wrong ("" if nothing).
+inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_message& message,
+                              const std::vector<parameter>& named) {
+  try {
+    std::istringstream in(message.bytes);
+    ::torch::serialize::InputArchive archive;
+    // The state's tensors go where this rank's parameters are (another GPU than the root's).
+    c10::optional<c10::Device> device;
+    if (!named.empty()) {
+      device = named.front().value.device();
+    }
+    archive.load_from(in, device);
+    // Loading adds the root's state to what is there: a parameter the root has no state for
+    // would keep this rank's.
+    optimizer.state().clear();
+    optimizer.load(archive);
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      ::torch::serialize::InputArchive options;
+      archive.read("cohort/options/" + std::to_string(g), options);
+      optimizer.param_groups()[g].options().serialize(options);
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (optimizer.state().size() != message.states) {
+    // An optimizer whose save/load are LibTorch's defaults (which do nothing) loses its state.
+    return "the root's optimizer has " + std::to_string(message.states) +
+           " parameter states and this rank's has " + std::to_string(optimizer.state().size()) +
+           " after loading them: does this optimizer override save() and load()?";
+  }
+  return {};
+}
+
+} // namespace detail
+
+//! Copies `optimizer`'s state and its groups' options from `root` to every rank (collective),
+//! replacing what the others had: a rank that starts with other momentum, moments or learning
+//! rate ends with `root`'s. `named` names the optimizer's parameters (`parameters(module)`, or
+//! `all_parameters(module)` if some are frozen). Every failure (names that differ, a parameter
+//! `named` lacks, state that does not serialize or load) throws on every rank.
+template <class Communicator>
+void broadcast_optimizer_state(Communicator& comm, ::torch::optim::Optimizer& optimizer,
+                               const std::vector<parameter>& named, int root = 0) {
+  const std::vector<std::string> names =
+      agree_on_names(comm, detail::optimizer_parameter_names(optimizer, named),
+                     "broadcast_optimizer_state", "optimizer parameter");
+  for (const std::string& name : names) {
+    if (name.find(detail::stray_mark) != std::string::npos) {
+      throw invalid_argument("cohort: broadcast_optimizer_state: " + name +
+                             " is not among the module's parameters on any rank (build the "
+                             "optimizer from the module's parameters)");
+    }
+  }
+  detail::state_message message;
+  if (comm.rank() == root) {
+    message = detail::save_state(optimizer);
+  }
+  message = comm.bcast_obj(message, root);
+  if (!message.failure.empty()) {
+    throw error("cohort: broadcast_optimizer_state: rank " + std::to_string(root) +
+                " could not serialize its optimizer: " + message.failure);
+  }
+  std::string failure;
+  if (comm.rank() != root) {
+    failure = detail::load_state(optimizer, message, named);
+  }
+  // Every rank learns whether every rank loaded it: the first failure, by rank.
+  const std::vector<std::string> failures = comm.allgather_obj(failure);
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    if (!failures[r].empty()) {
+      throw error("cohort: broadcast_optimizer_state: rank " + std::to_string(r) +
+                  " could not load the optimizer state of rank " + std::to_string(root) + ": " +
+                  failures[r]);
+    }
+  }
+}
+
+} // namespace torch
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
