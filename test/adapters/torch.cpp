@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <torch/csrc/autograd/variable.h>
@@ -178,7 +179,9 @@ State& state_of(Optimizer& optimizer, const at::Tensor& p) {
   auto& states = optimizer.state();
   using key = typename std::remove_cvref_t<decltype(states)>::key_type;
   if constexpr (std::is_same_v<key, std::string>) {
-    return static_cast<State&>(*states.at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    std::ostringstream address; // what c10::guts::to_string wrote
+    address << p.unsafeGetTensorImpl();
+    return static_cast<State&>(*states.at(address.str()));
   } else {
     return static_cast<State&>(*states.at(p.unsafeGetTensorImpl()));
   }

@@ -117,8 +117,7 @@ public:
       try {
         hooks_.reserve(params_.size());
         for (std::size_t i = 0; i < params_.size(); ++i) {
-          std::shared_ptr<::torch::autograd::Node> node =
-              ::torch::autograd::impl::grad_accumulator(params_[i].value);
+          auto node = ::torch::autograd::impl::grad_accumulator(params_[i].value);
           const std::uintptr_t key = node->add_post_hook(std::make_unique<ready_hook>(this, i));
           // Held: a leaf keeps only a weak reference to its AccumulateGrad node, and a new node
           // would have no hook.
@@ -234,8 +233,12 @@ private:
     std::size_t index;
   };
 
+  // A std::shared_ptr in LibTorch 1.13, a c10::intrusive_ptr in later ones.
+  using node_pointer =
+      decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
   struct hook {
-    std::shared_ptr<::torch::autograd::Node> node;
+    node_pointer node;
     std::uintptr_t key;
   };
 

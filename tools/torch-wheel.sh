@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# cohort's LibTorch adapter against the LibTorch of PyTorch's wheel on PyPI (2.x, CUDA-enabled),
+# beside Debian's 1.13 that the test suite uses: downloads the wheel (no dependencies: it ships
+# LibTorch's headers, libraries and CMake package), configures cohort with it, builds the
+# adapter's tests and the torch_mnist example, and runs them on the CPU at 1 to 3 ranks. The
+# wheel's LibTorch links its CUDA libraries into every binary: those /usr/local/cuda lacks come
+# from their own wheels. Not part of CI (the wheels are 0.9 GB); see the README for the last
+# result.
+#
+#   tools/torch-wheel.sh [WORK_DIR] [VERSION_SPEC]     (defaults: /tmp/cohort-torch-wheel, ">=2.1,<3")
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+work=${1:-/tmp/cohort-torch-wheel}
+spec=${2:->=2.1,<3}
+mkdir -p "$work"
+
+if [ ! -d "$work/wheel/torch" ]; then
+  python3 -m pip download --quiet --no-deps --dest "$work" "torch$spec"
+  wheel=$(ls "$work"/torch-*.whl | head -n 1)
+  mkdir -p "$work/wheel"
+  python3 -m zipfile -e "$wheel" "$work/wheel"
+fi
+torch=$work/wheel/torch
+# The CUDA libraries libtorch_cuda needs (LibTorch links it into every binary to register its
+# operators) that a CUDA toolkit does not ship: cuSPARSELt, NVSHMEM and cuFile, from their own
+# wheels, at the versions the torch wheel asks for.
+if [ ! -d "$work/cudalibs/nvidia" ]; then
+  metadata=$(python3 - "$(ls "$work"/torch-*.whl | head -n 1)" <<'PY'
+import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+print(wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+PY
+)
+  pins=$(sed -n 's/^Requires-Dist: \(nvidia-\(cusparselt\|nvshmem\)[^;]*\);.*/\1/p' <<<"$metadata" |
+         tr -d ' ')
+  mkdir -p "$work/cudalibs"
+  python3 -m pip download --quiet --no-deps --dest "$work/cudalibs" $pins nvidia-cufile
+  for w in "$work"/cudalibs/*.whl; do python3 -m zipfile -e "$w" "$work/cudalibs"; done
+fi
+extra_libs=$(find "$work/cudalibs/nvidia" -type d -name lib | paste -sd: -)
+version=$(sed -n 's/^__version__ = .\([^"]*\)./\1/p' "$torch/version.py" 2>/dev/null || true)
+echo "torch-wheel: LibTorch ${version:-?} from $torch"
+
+# The wheel's package first: Debian's, if installed, sits on the default search path.
+cuda_libs=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64:$extra_libs
+cmake -S "$root" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_TESTS=ON \
+  -DCOHORT_BUILD_EXAMPLES=ON -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=OFF \
+  -DCMAKE_PREFIX_PATH="$torch" -DCaffe2_DIR="$torch/share/cmake/Caffe2" \
+  -DTorch_DIR="$torch/share/cmake/Torch" \
+  "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed -Wl,--allow-shlib-undefined -Wl,-rpath-link,$cuda_libs"
+cmake --build "$work/build" -j "$(nproc)" --target test_adapters_torch torch_mnist
+export LD_LIBRARY_PATH=$torch/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+(cd "$work/build" && ctest --output-on-failure -R '^(adapters\.torch|examples\.torch_mnist)')
