@@ -2,8 +2,9 @@
 #pragma once
 
 // tensor_traits for Eigen: `Eigen::Matrix` and `Eigen::Array` (always contiguous), `Eigen::Map`
-// and `Eigen::Ref` (contiguous when their strides say so: checked at compile time where the
-// stride type fixes it, otherwise on every use), `Eigen::Tensor` and `Eigen::TensorMap` (always
+// and `Eigen::Ref` (contiguous when their strides say so: no check where the stride type fixes
+// them packed, Eigen's default; otherwise checked on every use, and a view with gaps refused
+// with `invalid_argument` naming it), `Eigen::Tensor` and `Eigen::TensorMap` (always
 // contiguous). All live in host memory. The dtype follows from the scalar type: cohort's elements
 // (float, double, int32_t, int64_t, uint8_t, cohort::float16, cohort::bfloat16) and Eigen's own
 // `Eigen::half` and `Eigen::bfloat16`, which have the same bits as cohort's 16-bit types. Any
