@@ -103,13 +103,7 @@ public:
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
       , fired_(params_.size(), 0) {
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
-    std::vector<parameter> rest = buffers_;
-    for (parameter& p : torch::all_parameters(module)) {
-      if (!p.value.requires_grad()) {
-        rest.push_back(std::move(p));
-      }
-    }
-    if (!rest.empty()) {
+    if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
     }
     broadcast_optimizer_state(comm, inner(), torch::all_parameters(module), options_.root);
@@ -279,12 +273,7 @@ private:
         // The reduction begins now and reads every gradient's place: one that backward has not
         // produced yet is given zeros, into which AccumulateGrad then adds (as after
         // zero_grad(false)).
-        const ::torch::NoGradGuard no_grad;
-        for (parameter& p : params_) {
-          if (!p.value.mutable_grad().defined()) {
-            p.value.mutable_grad() = at::zeros_like(p.value);
-          }
-        }
+        give_undefined_gradients_zeros();
         ::torch::autograd::Engine::get_default_engine().queue_callback(
             [this] { on_backward_end(); });
       }
@@ -357,9 +346,12 @@ private:
     if (std::string failure = take_failure(); !failure.empty()) {
       throw invalid_argument(failure);
     }
-    if (!options_.find_unused_parameters) {
-      return; // an undefined gradient is reported by name on every rank
-    }
+    if (options_.find_unused_parameters) {
+      give_undefined_gradients_zeros();
+    } // else an undefined gradient is reported by name on every rank
+  }
+
+  void give_undefined_gradients_zeros() {
     const ::torch::NoGradGuard no_grad;
     for (parameter& p : params_) {
       if (!p.value.mutable_grad().defined()) {

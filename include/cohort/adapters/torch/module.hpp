@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 #include <torch/nn/module.h>
-#include <torch/utils.h>
+#include <torch/ordered_dict.h>
 #include <utility>
 #include <vector>
 
@@ -25,37 +25,52 @@ struct parameter {
   at::Tensor value;
 };
 
-//! The parameters of `module` that require a gradient, named and in the order of
-//! `named_parameters()` (registration order: the same on every rank that built the same model;
-//! the agreement compares the names before anything is reduced).
-inline std::vector<parameter> parameters(const ::torch::nn::Module& module) {
+namespace detail {
+
+// The tensors of `items` (a module's named parameters or buffers) that `keep` takes, named.
+template <class Keep>
+std::vector<parameter> named_tensors(const ::torch::OrderedDict<std::string, at::Tensor>& items,
+                                     Keep keep) {
   std::vector<parameter> set;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (item.value().requires_grad()) {
+  for (const auto& item : items) {
+    if (keep(item.value())) {
       set.push_back({item.key(), item.value()});
     }
   }
   return set;
+}
+
+} // namespace detail
+
+//! The parameters of `module` that require a gradient, named and in the order of
+//! `named_parameters()` (registration order: the same on every rank that built the same model;
+//! the agreement compares the names before anything is reduced).
+inline std::vector<parameter> parameters(const ::torch::nn::Module& module) {
+  return detail::named_tensors(module.named_parameters(/*recurse=*/true),
+                               [](const at::Tensor& t) { return t.requires_grad(); });
 }
 
 //! Every parameter of `module`, frozen ones too (`requires_grad` false): what must be the same on
 //! every rank even where no gradient is reduced.
 inline std::vector<parameter> all_parameters(const ::torch::nn::Module& module) {
-  std::vector<parameter> set;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    set.push_back({item.key(), item.value()});
-  }
-  return set;
+  return detail::named_tensors(module.named_parameters(/*recurse=*/true),
+                               [](const at::Tensor&) { return true; });
 }
 
 //! The buffers of `module` (BatchNorm's running statistics, say), named: a parameter set without
 //! gradients, to broadcast with `broadcast_parameters`. Undefined buffers are left out.
 inline std::vector<parameter> buffers(const ::torch::nn::Module& module) {
-  std::vector<parameter> set;
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) {
-      set.push_back({item.key(), item.value()});
-    }
+  return detail::named_tensors(module.named_buffers(/*recurse=*/true),
+                               [](const at::Tensor& t) { return t.defined(); });
+}
+
+//! What of `module` no gradient updates: its frozen parameters and its buffers.
+inline std::vector<parameter> untrained_state(const ::torch::nn::Module& module) {
+  std::vector<parameter> set =
+      detail::named_tensors(module.named_parameters(/*recurse=*/true),
+                            [](const at::Tensor& t) { return !t.requires_grad(); });
+  for (parameter& b : buffers(module)) {
+    set.push_back(std::move(b));
   }
   return set;
 }
@@ -64,10 +79,9 @@ inline std::vector<parameter> buffers(const ::torch::nn::Module& module) {
 //! start identical. The ranks first agree on the names, sizes and dtypes.
 template <class Communicator>
 void broadcast_module(Communicator& comm, const ::torch::nn::Module& module, int root = 0) {
-  const ::torch::NoGradGuard no_grad;
-  std::vector<parameter> all = all_parameters(module);
-  for (parameter& b : buffers(module)) {
-    all.push_back(std::move(b));
+  std::vector<parameter> all = parameters(module);
+  for (parameter& p : untrained_state(module)) {
+    all.push_back(std::move(p));
   }
   comm.broadcast_parameters(all, root);
 }
