@@ -3,7 +3,9 @@
 # cohort's LibTorch adapter against the LibTorch of PyTorch's wheel on PyPI (2.x, CUDA-enabled),
 # beside Debian's 1.13 that the test suite uses: downloads the wheel (no dependencies: it ships
 # LibTorch's headers, libraries and CMake package), configures cohort with it, builds the
-# adapter's tests and the torch_mnist example, and runs them on the CPU at 1 to 3 ranks. The
+# adapter's tests and the torch_mnist example, and runs them on the CPU at 1 to 3 ranks; builds
+# CUDA LibTorch's test over the GPU strategies with nvcc (adapters/torch/cuda.hpp), which runs
+# where each rank has a GPU and is skipped elsewhere. The
 # wheel's LibTorch links its CUDA libraries into every binary: those /usr/local/cuda lacks come
 # from their own wheels. Not part of CI (the wheels are 0.9 GB); see the README for the last
 # result.
@@ -45,12 +47,16 @@ echo "torch-wheel: LibTorch ${version:-?} from $torch"
 # The wheel's package first: Debian's, if installed, sits on the default search path.
 cuda_libs=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64:$extra_libs
 cmake -S "$root" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_TESTS=ON \
-  -DCOHORT_BUILD_EXAMPLES=ON -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=OFF \
+  -DCOHORT_BUILD_EXAMPLES=ON -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=ON \
   -DCMAKE_PREFIX_PATH="$torch" -DCaffe2_DIR="$torch/share/cmake/Caffe2" \
   -DTorch_DIR="$torch/share/cmake/Torch" \
+  `# LibTorch's package adds nvcc flags for its own list, which without a GPU to ask starts at` \
+  `# sm_50, which CUDA 13 dropped: cohort's architectures instead.` \
+  -DTORCH_CUDA_ARCH_LIST="7.5;8.0;9.0" \
   "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed -Wl,--allow-shlib-undefined -Wl,-rpath-link,$cuda_libs"
-cmake --build "$work/build" -j "$(nproc)" --target test_adapters_torch torch_mnist
+cmake --build "$work/build" -j "$(nproc)" --target test_adapters_torch torch_mnist \
+  test_headers_torch_cuda test_gpu_torch
 export LD_LIBRARY_PATH=$torch/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-(cd "$work/build" && ctest --output-on-failure -R '^(adapters\.torch|examples\.torch_mnist)')
+(cd "$work/build" && ctest --output-on-failure -R '^(adapters\.torch|examples\.torch_mnist|gpu\.torch)')

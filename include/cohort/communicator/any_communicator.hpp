@@ -9,6 +9,7 @@
 #include <cohort/communicator/hierarchical.hpp>
 #include <cohort/communicator/naive.hpp>
 #include <cohort/communicator/options.hpp>
+#include <cohort/communicator/strategy_access.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
 #include <cohort/config.hpp>
@@ -33,6 +34,13 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+
+namespace detail {
+template <class Strategy, class Stream>
+concept takes_stream = requires(Strategy& s, Stream stream) {
+  s.set_stream(stream);
+};
+} // namespace detail
 
 //! A strategy chosen at run time, by name (a flag, a config file): one `std::variant` of the
 //! strategies, each call one dispatch on it and then the strategy's own code. Models the same
@@ -83,6 +91,17 @@ public:
 
   //! Whether every strategy inside can overlap the reduction with backward (the host ones).
   static constexpr bool overlapping = (overlapping_communicator<Strategies> && ...);
+
+  //! Whether every strategy inside reduces device memory (the GPU ones), as each says.
+  static constexpr bool reduces_gpu_memory = (detail::is_device_strategy<Strategies>() && ...);
+
+  //! The stream the trainer queues its work on, for every strategy inside that has one (the GPU
+  //! ones: see nccl_strategy::set_stream). `Stream` is `cudaStream_t`, named generically so that
+  //! this header needs no CUDA.
+  template <class Stream>
+  requires(detail::takes_stream<Strategies, Stream>&&...) void set_stream(Stream stream) noexcept {
+    call([&](auto& c) { c.set_stream(stream); });
+  }
 
   variant_type& variant() noexcept { return strategy_; }
   const variant_type& variant() const noexcept { return strategy_; }

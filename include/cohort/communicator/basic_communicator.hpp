@@ -323,7 +323,7 @@ protected:
         params, root, [](const tensor_view&, const std::string&) {}, move);
   }
 
-  //! Whether the strategy reduces device memory (see detail/strategy_hooks.hpp).
+  //! Whether the strategy reduces device memory (see strategy_access.hpp).
   static constexpr bool device_strategy() { return detail::is_device_strategy<Strategy>(); }
 
 private:

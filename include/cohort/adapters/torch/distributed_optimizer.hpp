@@ -64,7 +64,29 @@ struct stepper {
   }
 };
 
+// Whether `Communicator` reduces device memory (a GPU strategy, or a run-time choice of them).
+template <class Communicator>
+constexpr bool reduces_device_memory() {
+  return requires {
+    requires Communicator::reduces_gpu_memory;
+  };
+}
+
 } // namespace detail
+
+//! How cohort's work is ordered with LibTorch's. A host strategy needs nothing: the gradients are
+//! CPU tensors, complete when backward returns, and reduced when cohort's call returns. A GPU
+//! strategy queues its work after LibTorch's current CUDA stream and LibTorch's after it: that
+//! is the specialization of <cohort/adapters/torch/cuda.hpp>, which a translation unit (nvcc's)
+//! that uses a GPU strategy includes.
+template <class Communicator>
+struct stream_order {
+  static_assert(!detail::reduces_device_memory<Communicator>(),
+                "cohort::torch::distributed_optimizer over a GPU strategy: #include "
+                "<cohort/adapters/torch/cuda.hpp> (cohort's work follows LibTorch's current "
+                "CUDA stream)");
+  static void follow(Communicator&, const std::vector<parameter>&) noexcept {}
+};
 
 //! Options of `cohort::torch::distributed_optimizer`.
 struct distributed_options {
@@ -97,7 +119,7 @@ public:
   distributed_optimizer(Optimizer optimizer, Communicator& comm, const ::torch::nn::Module& module,
                         distributed_options options = {}, Reducer reducer = {})
       : options_(require_possible(options))
-      , params_(torch::parameters(module))
+      , params_(followed(comm, torch::parameters(module)))
       , buffers_(torch::buffers(module))
       , sync_(detail::stepper<Optimizer>{std::move(optimizer)}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
@@ -197,6 +219,7 @@ public:
   //! Copies `root`'s buffers (BatchNorm's running statistics) to every rank again. Collective.
   void broadcast_buffers() {
     if (!buffers_.empty()) {
+      stream_order<Communicator>::follow(comm(), params_);
       sync_.comm().broadcast_parameters(buffers_, options_.root);
     }
   }
@@ -251,6 +274,13 @@ private:
   }
 
   bool overlapping() const noexcept { return overlap_possible && options_.overlap; }
+
+  // `params`, once cohort's work follows LibTorch's stream of their device (before sync_'s
+  // broadcast of them).
+  static std::vector<parameter> followed(Communicator& comm, std::vector<parameter> params) {
+    stream_order<Communicator>::follow(comm, params);
+    return params;
+  }
 
   void remove_hooks() noexcept {
     for (const hook& h : hooks_) {
@@ -346,6 +376,7 @@ private:
     if (std::string failure = take_failure(); !failure.empty()) {
       throw invalid_argument(failure);
     }
+    stream_order<Communicator>::follow(comm(), params_);
     if (options_.find_unused_parameters) {
       give_undefined_gradients_zeros();
     } // else an undefined gradient is reported by name on every rank
@@ -360,9 +391,12 @@ private:
     }
   }
 
-  // In host memory whatever the strategy: one number.
+  // One number, where the strategy reduces: host memory, or the parameters' device.
   at::Tensor mean_over_ranks(const at::Tensor& loss) {
-    at::Tensor total = loss.detach().to(at::kCPU, at::kDouble).reshape({1}).clone();
+    const c10::Device where = detail::reduces_device_memory<Communicator>() && !params_.empty()
+                                  ? params_.front().value.device()
+                                  : c10::Device(at::kCPU);
+    at::Tensor total = loss.detach().to(where, at::kDouble).reshape({1}).clone();
     comm().allreduce(total, reduce_op::sum);
     return (total / comm().size()).to(loss.device(), loss.scalar_type()).reshape(loss.sizes());
   }
