@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # cohort against PyTorch DDP on the same LibTorch work (issue 12): an MLP 784-1024-1024-10, SGD
 # with momentum, batch 128 per rank, one intra-op thread per rank. Rows: LibTorch alone in one
-# process; cohort on 1 and 2 ranks, blocking, overlapped and with `dummy` (cohort's work without
-# communication); DDP (python3-torch, gloo) on 1 and 2 ranks. Each run times 5 repetitions of 20
+# process, and in 2 processes at once (what they cost each other on this machine, without
+# cohort); cohort on 1 and 2 ranks, blocking, overlapped and with `dummy` (cohort's work without
+# communication; on 2 ranks also unchecked: without the agreement's one rendezvous a step); DDP
+# (python3-torch, gloo) on 1 and 2 ranks. Each run times 5 repetitions of 20
 # steps after 10 warm-up steps and reports the median repetition; the rows take turns for
 # --rounds rounds (default 3) so that a busy machine slows them alike, and the table shows the
 # median over the rounds. Then the weak-scaling efficiency (one plain process ÷ 2 ranks) and
@@ -34,13 +36,13 @@ mpirun=(mpirun --bind-to none)
 [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
 
 declare -A samples
-rows=("plain 1" "blocking 1" "overlap 1" "dummy 1" "ddp 1" "blocking 2" "overlap 2" "dummy 2" "ddp 2")
+rows=("plain 1" "plain 2" "blocking 1" "overlap 1" "dummy 1" "ddp 1" "blocking 2" "overlap 2" "dummy 2" "dummy-unchecked 2" "ddp 2")
 for ((r = 1; r <= rounds; r++)); do
   for row in "${rows[@]}"; do
     read -r mode ranks <<<"$row"
     if [ "$mode" = ddp ]; then
       line=$("$python" "$root/bench/torch_mlp_ddp.py" --ranks "$ranks" "${amounts[@]}")
-    elif [ "$mode" = plain ]; then
+    elif [ "$row" = "plain 1" ]; then
       line=$("$bin" --mode plain "${amounts[@]}")
     else
       line=$("${mpirun[@]}" -np "$ranks" "$bin" --mode "$mode" "${amounts[@]}")
@@ -56,7 +58,7 @@ for row in "${rows[@]}"; do
   ms[$row]=$(median "${samples[$row]}")
   read -r mode ranks <<<"$row"
   case "$mode" in
-    plain) label="LibTorch alone, 1 process" ;;
+    plain) label="LibTorch alone, $ranks process(es)" ;;
     ddp) label="PyTorch DDP (gloo), $ranks rank(s)" ;;
     *) label="cohort $mode, $ranks rank(s)" ;;
   esac
@@ -65,9 +67,10 @@ done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 echo
 echo "weak-scaling efficiency on 2 ranks (plain ÷ 2 ranks):"
-for mode in blocking overlap dummy ddp; do
-  printf '  %-10s %s\n' "$mode" "$(ratio "${ms[plain 1]}" "${ms[$mode 2]}")"
+for mode in plain blocking overlap dummy dummy-unchecked ddp; do
+  printf '  %-16s %s\n' "$mode" "$(ratio "${ms[plain 1]}" "${ms[$mode 2]}")"
 done
+echo "  (plain: two processes without cohort; what is left above it is the machine's, not cohort's)"
 echo "cohort ÷ DDP step time on 2 ranks:"
 for mode in blocking overlap; do
   printf '  %-10s %s\n' "$mode" "$(ratio "${ms[$mode 2]}" "${ms[ddp 2]}")"
