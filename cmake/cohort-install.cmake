@@ -9,7 +9,7 @@ set(COHORT_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/cohort)
 install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 set(COHORT_COMPONENTS_BUILT)
-foreach(component IN ITEMS cohort cuda nccl eigen torch)
+foreach(component IN ITEMS cohort cuda nccl eigen torch checkpoint)
   if(component STREQUAL "cohort")
     set(target cohort)
     set(set_name cohort-targets)
@@ -31,9 +31,10 @@ configure_package_config_file(cmake/cohort-config.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/cohort-config-version.cmake
   COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
 configure_file(cmake/FindNCCL.cmake ${PROJECT_BINARY_DIR}/FindNCCL.cmake COPYONLY)
+configure_file(cmake/FindxxHash.cmake ${PROJECT_BINARY_DIR}/FindxxHash.cmake COPYONLY)
 install(FILES ${PROJECT_BINARY_DIR}/cohort-config.cmake
               ${PROJECT_BINARY_DIR}/cohort-config-version.cmake
-              cmake/FindNCCL.cmake
+              cmake/FindNCCL.cmake cmake/FindxxHash.cmake
         DESTINATION ${COHORT_CMAKE_DIR})
 
 # pkg-config, for build systems that are not CMake: the compile and link flags of MPI and

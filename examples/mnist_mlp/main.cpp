@@ -14,10 +14,16 @@
 // the same accuracy.
 
 #include <cohort/cohort.hpp>
+// Checkpoints need xxHash's header (cohort::checkpoint); without it --checkpoint is refused.
+#if __has_include(<xxhash.h>)
+#include <cohort/checkpoint.hpp>
+#define MNIST_MLP_CHECKPOINTS 1
+#endif
 
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
 #include <boost/serialization/array.hpp>
+#include <boost/serialization/vector.hpp>
 
 #include <algorithm>
 #include <array>
@@ -31,6 +37,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -182,6 +189,9 @@ public:
     }
   }
 
+  //! The momentum buffers: the optimizer's state, which a checkpoint keeps.
+  std::vector<std::vector<float>>& velocity() { return velocity_; }
+
   void step() {
     for (std::size_t n = 0; n < params_->size(); ++n) {
       auto& w = *(*params_)[n].value;
@@ -219,6 +229,10 @@ constexpr std::string_view usage = R"(usage: mnist_mlp [options]
   --strategy NAME    reduce gradients with this strategy, chosen at run time through
                      cohort::any_communicator (naive, flat, hierarchical, two_dimensional,
                      dummy); without it, flat, chosen at compile time
+  --checkpoint DIR   resume from the newest checkpoint in DIR if there is one, and save one
+                     every --checkpoint-every steps: killed and started again with the same
+                     command, training goes on where the last checkpoint left it
+  --checkpoint-every N  steps between checkpoints (default 50)
   --help             print this and exit
 )";
 
@@ -236,6 +250,8 @@ struct options {
   std::optional<std::size_t> test_size;
   std::uint64_t seed = 1;
   std::string strategy;
+  std::string checkpoint_dir;
+  std::uint64_t checkpoint_every = 50;
   bool help = false;
 };
 
@@ -297,6 +313,14 @@ options parse_options(int argc, char** argv) {
       o.seed = parse_value<std::uint64_t>(flag, value());
     } else if (flag == "--strategy") {
       o.strategy = std::string(value());
+    } else if (flag == "--checkpoint") {
+#if defined(MNIST_MLP_CHECKPOINTS)
+      o.checkpoint_dir = std::string(value());
+#else
+      throw usage_error("--checkpoint: built without xxHash, cohort cannot checkpoint");
+#endif
+    } else if (flag == "--checkpoint-every") {
+      o.checkpoint_every = parse_at_least<std::uint64_t>(flag, value(), 1);
     } else {
       throw usage_error("unknown option '" + std::string(argv[i]) + "'");
     }
@@ -360,12 +384,39 @@ int train(const options& o, Communicator& comm) {
     std::fflush(stdout);
   }
 
+  // Where training is: the step over the whole run, and the epoch and the step within it.
+  std::uint64_t step = 0;
+  std::uint64_t epoch_begin = 0;
+  std::uint64_t steps_done_in_epoch = 0;
+#if defined(MNIST_MLP_CHECKPOINTS)
+  // The state a checkpoint keeps: the weights, the optimizer's momentum and the position in the
+  // data (the shuffling is the seed's and the epoch's, so no random engine is needed).
+  std::optional<cohort::checkpointer<Communicator>> checkpoints;
+  cohort::data_position position;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(comm, o.checkpoint_dir);
+    if (const auto resumed =
+            checkpoints->resume(params, cohort::serialized(opt.inner().velocity()), position)) {
+      step = *resumed;
+      epoch_begin = position.epoch;
+      steps_done_in_epoch = position.step;
+      if (report) {
+        std::printf("resumed from step %llu (epoch %llu, after %llu of its steps)\n",
+                    static_cast<unsigned long long>(step),
+                    static_cast<unsigned long long>(position.epoch + 1),
+                    static_cast<unsigned long long>(position.step));
+      }
+    }
+  }
+#endif
+
   const auto start = std::chrono::steady_clock::now();
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  for (auto epoch = static_cast<int>(epoch_begin); epoch < o.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     train_shard.set_epoch(static_cast<std::uint64_t>(epoch));
     cohort::local_metrics metrics;
-    for (std::size_t begin = 0; begin < train_shard.size(); begin += local_batch) {
+    for (std::size_t begin = steps_done_in_epoch * local_batch; begin < train_shard.size();
+         begin += local_batch) {
       const std::size_t end = std::min(train_shard.size(), begin + local_batch);
       const auto batch = static_cast<float>(end - begin);
       model.zero_grad();
@@ -375,7 +426,15 @@ int train(const options& o, Communicator& comm) {
         metrics.add("accuracy", p.correct ? 1.0 : 0.0);
       }
       opt.step();
+      ++step;
+#if defined(MNIST_MLP_CHECKPOINTS)
+      if (checkpoints && step % o.checkpoint_every == 0) {
+        position = {static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
+        checkpoints->save(step, params, cohort::serialized(opt.inner().velocity()), position);
+      }
+#endif
     }
+    steps_done_in_epoch = 0;
     // cohort change 4/4: metrics are averaged over all ranks' samples, not over this rank's.
     const auto global = cohort::allreduce_mean(comm, metrics);
     const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - epoch_start;
@@ -402,6 +461,16 @@ int train(const options& o, Communicator& comm) {
     std::printf("training took %.2f s; test loss %.4f\n", training_seconds.count(),
                 test.at("loss"));
     std::printf("test accuracy: %.4f\n", test.at("accuracy"));
+#if defined(MNIST_MLP_CHECKPOINTS)
+    // What a resumed run must end with, bit for bit, to be the run that was not interrupted.
+    cohort::checkpoint::checksum weights;
+    for (const parameter& p : params) {
+      weights.update(std::as_bytes(std::span(*p.value)));
+    }
+    std::printf("final weights: XXH3 %s after %llu steps\n",
+                cohort::checkpoint::to_hex(weights.value()).c_str(),
+                static_cast<unsigned long long>(step));
+#endif
     std::fflush(stdout);
   }
   return 0;

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// LibTorch's state in a cohort checkpoint (needs cohort::checkpoint and cohort::torch):
+//
+//   ckpt.save(step, cohort::torch::module_state(*model),
+//             cohort::torch::optimizer_state(opt.inner(), *model), rng, position);
+//
+// `module_state`: every parameter (frozen ones too) and buffer by name, dtype and shape, on the
+// CPU or any device (copied through host memory). `optimizer_state`: the optimizer's state and
+// its groups' options through LibTorch's own serialization, matched by parameter name as
+// broadcast_optimizer_state matches them, so that a checkpoint resumes into a new process (whose
+// tensors are at other addresses). Both are replicated: written once, split across the ranks.
+
+#include <cohort/adapters/torch/module.hpp>
+#include <cohort/adapters/torch/optimizer_state.hpp>
+#include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/checkpoint/state.hpp>
+#include <cohort/config.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace torch {
+
+//! A module's parameters and buffers, for a checkpoint.
+struct module_state_ref {
+  std::vector<parameter> tensors;
+};
+
+//! `module`'s parameters (frozen ones too) and buffers, by name.
+inline module_state_ref module_state(const ::torch::nn::Module& module) {
+  module_state_ref state{all_parameters(module)};
+  for (parameter& b : buffers(module)) {
+    state.tensors.push_back(std::move(b));
+  }
+  return state;
+}
+
+//! A LibTorch optimizer and the names of its parameters, for a checkpoint.
+struct optimizer_state_ref {
+  ::torch::optim::Optimizer* optimizer;
+  std::vector<parameter> named;
+};
+
+//! `optimizer`'s state and options, its parameters named after `module`'s.
+inline optimizer_state_ref optimizer_state(::torch::optim::Optimizer& optimizer,
+                                           const ::torch::nn::Module& module) {
+  return {&optimizer, all_parameters(module)};
+}
+
+} // namespace torch
+
+template <>
+struct checkpoint_traits<torch::module_state_ref> {
+  static constexpr state_scope scope = state_scope::replicated;
+  static constexpr std::string_view kind = "torch module state";
+
+  static void save(checkpoint::byte_writer& out, const torch::module_state_ref& state) {
+    out.put<std::uint64_t>(state.tensors.size());
+    for (const torch::parameter& p : state.tensors) {
+      const at::Tensor host = p.value.detach().to(at::kCPU).contiguous();
+      out.put_string(p.name);
+      out.put_string(std::string(c10::toString(host.scalar_type())));
+      out.put<std::uint64_t>(static_cast<std::uint64_t>(host.dim()));
+      for (const std::int64_t extent : host.sizes()) {
+        out.put<std::int64_t>(extent);
+      }
+      out.put_block({static_cast<const std::byte*>(host.data_ptr()), host.nbytes()});
+    }
+  }
+
+  static void load(checkpoint::byte_reader& in, torch::module_state_ref& state,
+                   const load_context&) {
+    const auto saved = in.get<std::uint64_t>("the number of tensors");
+    if (saved != state.tensors.size()) {
+      in.fail("the module", "was saved with " + std::to_string(saved) +
+                                " parameters and buffers, the one given has " +
+                                std::to_string(state.tensors.size()));
+    }
+    const ::torch::NoGradGuard no_grad;
+    for (torch::parameter& p : state.tensors) {
+      const std::string name = in.get_string("a tensor's name");
+      if (name != p.name) {
+        in.fail("tensor '" + name + "'", "stands where the module has '" + p.name + "'");
+      }
+      const std::string type = in.get_string("the dtype of '" + name + "'", 64);
+      const std::string given(c10::toString(p.value.scalar_type()));
+      if (type != given) {
+        in.fail("tensor '" + name + "'", "was saved as " + type + ", the module's is " + given);
+      }
+      const auto dims = in.get<std::uint64_t>("the dimensions of '" + name + "'");
+      if (dims != static_cast<std::uint64_t>(p.value.dim())) {
+        in.fail("tensor '" + name + "'", "was saved with " + std::to_string(dims) +
+                                             " dimensions, the module's has " +
+                                             std::to_string(p.value.dim()));
+      }
+      for (std::uint64_t d = 0; d < dims; ++d) {
+        const auto extent = in.get<std::int64_t>("a size of '" + name + "'");
+        if (extent != p.value.size(static_cast<std::int64_t>(d))) {
+          in.fail("tensor '" + name + "'",
+                  "was saved with size " + std::to_string(extent) + " in dimension " +
+                      std::to_string(d) + ", the module's has " +
+                      std::to_string(p.value.size(static_cast<std::int64_t>(d))));
+        }
+      }
+      const std::span<const std::byte> bytes = in.get_block("the values of '" + name + "'");
+      at::Tensor host = at::empty(p.value.sizes(), p.value.options().device(at::kCPU));
+      if (bytes.size() != host.nbytes()) {
+        in.fail("tensor '" + name + "'", "holds " + std::to_string(bytes.size()) +
+                                             " bytes, the module's " +
+                                             std::to_string(host.nbytes()));
+      }
+      if (!bytes.empty()) {
+        std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+      }
+      p.value.copy_(host);
+    }
+  }
+};
+
+template <>
+struct checkpoint_traits<torch::optimizer_state_ref> {
+  static constexpr state_scope scope = state_scope::replicated;
+  static constexpr std::string_view kind = "torch optimizer state";
+
+  static void save(checkpoint::byte_writer& out, const torch::optimizer_state_ref& state) {
+    const std::vector<std::string> names =
+        torch::detail::optimizer_parameter_names(*state.optimizer, state.named);
+    out.put<std::uint64_t>(names.size());
+    for (const std::string& name : names) {
+      out.put_string(name);
+    }
+    const torch::detail::state_message message = torch::detail::save_state(*state.optimizer);
+    if (!message.failure.empty()) {
+      throw checkpoint_error("cohort checkpoint: the optimizer's state does not serialize: " +
+                             message.failure);
+    }
+    out.put<std::uint64_t>(message.states);
+    out.put_string(message.bytes);
+  }
+
+  static void load(checkpoint::byte_reader& in, torch::optimizer_state_ref& state,
+                   const load_context&) {
+    const std::vector<std::string> names =
+        torch::detail::optimizer_parameter_names(*state.optimizer, state.named);
+    const auto saved = in.get<std::uint64_t>("the number of the optimizer's parameters");
+    if (saved != names.size()) {
+      in.fail("the optimizer", "was saved with " + std::to_string(saved) +
+                                   " parameters, the one given has " +
+                                   std::to_string(names.size()));
+    }
+    for (const std::string& name : names) {
+      const std::string saved_name = in.get_string("an optimizer parameter's name");
+      if (saved_name != name) {
+        in.fail("optimizer parameter '" + saved_name + "'",
+                "stands where the one given has '" + name + "'");
+      }
+    }
+    torch::detail::state_message message;
+    message.states = static_cast<std::size_t>(in.get<std::uint64_t>("the number of states"));
+    message.bytes = in.get_string("the optimizer's state", in.left());
+    if (std::string failure = torch::detail::load_state(*state.optimizer, message, state.named);
+        !failure.empty()) {
+      in.fail("the optimizer's state", "does not load: " + failure);
+    }
+  }
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

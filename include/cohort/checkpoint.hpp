@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Checkpoint and resume (target cohort::checkpoint: needs xxHash's header, see
+// checkpoint/checksum.hpp). Not in <cohort/cohort.hpp>: a trainer that saves nothing needs no
+// xxHash.
+
+#include <cohort/checkpoint/checkpointer.hpp>
+#include <cohort/checkpoint/state.hpp>

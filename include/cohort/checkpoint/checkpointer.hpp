@@ -1,0 +1,524 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Checkpoint and resume for a data-parallel trainer: one object, two calls.
+//
+//   cohort::checkpointer ckpt{comm, "ckpt", {.keep = 3}};
+//   if (auto step = ckpt.resume(params, optimizer_state, rng, position)) { ... }
+//   ckpt.save(step, params, optimizer_state, rng, position);
+//
+// A checkpoint is the directory `step-<step>` under `dir`. The replicated state (the same on every
+// rank) is serialized on every rank and split in as many parts as there are ranks, rank r writing
+// part r, so that the ranks write it once, in parallel; each rank writes its own state to a file
+// of its own. Every file goes to disk atomically (temporary name, fsync, rename, fsync of the
+// directory), and only after every rank has said that its files are there does rank 0 write the
+// manifest (step, ranks, each file's size and XXH3-64), atomically too: a checkpoint without a
+// manifest does not exist. Older checkpoints are removed after a newer one is complete.
+//
+// `resume` tries the complete checkpoints newest first. Every rank verifies the files it needs
+// (sizes, then checksums, every length bounded before anything is allocated) and the ranks agree
+// on the result: one bad file anywhere skips that checkpoint on every rank, with a message naming
+// the file and both checksums, and the ranks go on to the next older one together. The directory
+// must be one file system every rank sees (a shared one across nodes).
+
+#include <cohort/checkpoint/bytes.hpp>
+#include <cohort/checkpoint/checksum.hpp>
+#include <cohort/checkpoint/files.hpp>
+#include <cohort/checkpoint/manifest.hpp>
+#include <cohort/checkpoint/state.hpp>
+#include <cohort/checkpoint/state_io.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/vector.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cinttypes>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+struct checkpoint_options {
+  //! How many complete checkpoints to keep (the newest); at least 1.
+  std::size_t keep = 3;
+  //! The largest file a checkpoint may hold: a manifest that says more is refused before
+  //! anything is read.
+  std::uint64_t max_file_bytes = std::uint64_t{1} << 40;
+  //! Write the files on a thread of each rank while training goes on (see checkpointer::save).
+  bool async = false;
+  //! Where file writes go (::write when empty): tests inject a failing one. With `async` it is
+  //! called on the writer thread.
+  checkpoint::write_function write = {};
+};
+
+template <class Communicator>
+class checkpointer {
+public:
+  //! Creates `directory` if needed. Not collective.
+  checkpointer(Communicator& comm, std::filesystem::path directory, checkpoint_options options = {})
+      : comm_(comm)
+      , directory_(std::move(directory))
+      , options_(std::move(options)) {
+    if (options_.keep == 0) {
+      throw invalid_argument("cohort::checkpointer: keep must be at least 1");
+    }
+    std::error_code ignored;
+    std::filesystem::create_directories(directory_, ignored);
+  }
+
+  //! Writes `state` as the checkpoint of `step`. Collective. Throws `checkpoint_error` on every
+  //! rank if any rank failed, naming the ranks and what failed, and removes what was written of
+  //! this step; the checkpoints before stay as they were. A step that has a complete checkpoint
+  //! already is not written again. The ranks' replicated state must be identical: if it is not,
+  //! that is the error (naming two ranks that differ), not a checkpoint.
+  //!
+  //! With `async`, `save` returns once the state is copied into memory, and a thread of this
+  //! rank writes its files while training goes on; the next `save`, `resume` or `finish`
+  //! completes that checkpoint (the ranks agree, rank 0 writes the manifest) and throws what went
+  //! wrong with it.
+  template <class... State>
+  requires(checkpointable<std::remove_cvref_t<State>>&&...) void save(std::uint64_t step,
+                                                                      const State&... state) {
+    finish();
+    const std::filesystem::path where = directory_ / step_name(step);
+    if (comm_.bcast_obj(comm_.rank() == 0 && exists(where / checkpoint::manifest_name))) {
+      return;
+    }
+    auto job = std::make_unique<pending>();
+    job->step = step;
+    try {
+      job->replicated = checkpoint::serialize<state_scope::replicated>(step, state...);
+      job->own = checkpoint::serialize<state_scope::per_rank>(step, state...);
+    } catch (const std::exception& e) {
+      job->outcome = "rank " + std::to_string(comm_.rank()) + ": " + e.what();
+    }
+    if (options_.async && job->outcome.empty()) {
+      job->writer = std::thread([this, job = job.get()] { write_files(*job); });
+      pending_ = std::move(job);
+      return;
+    }
+    if (job->outcome.empty()) {
+      write_files(*job);
+    }
+    complete(*job);
+  }
+
+  //! Completes an asynchronous save still in flight (collective); throws what went wrong with
+  //! it. Nothing to do without one.
+  void finish() {
+    if (!pending_) {
+      return;
+    }
+    const std::unique_ptr<pending> job = std::move(pending_);
+    job->writer.join();
+    complete(*job);
+  }
+
+  //! Waits for an asynchronous save's files and completes its checkpoint (collective), unless
+  //! an exception is unwinding (the other ranks may not be here): then that checkpoint is left
+  //! without its manifest, and does not exist.
+  ~checkpointer() {
+    if (!pending_) {
+      return;
+    }
+    pending_->writer.join();
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        complete(*pending_);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+      }
+    }
+  }
+
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+
+  //! Loads the newest checkpoint that every rank verified into `state` and returns its step, or
+  //! nothing if there is none (training starts afresh). Collective. Checkpoints skipped on the
+  //! way are listed by `skipped()` (and printed by rank 0). Per-rank state is loaded only if the
+  //! checkpoint has as many ranks as now; otherwise it keeps its value, and `data_position`
+  //! restarts its epoch. Throws `checkpoint_error` on every rank if a verified checkpoint does
+  //! not fit `state` (another model, another order of things).
+  template <class... State>
+  requires(checkpointable<std::remove_cvref_t<State>>&&...) std::optional<std::uint64_t> resume(
+      State&&... state) {
+    finish();
+    skipped_.clear();
+    const std::vector<std::uint64_t> steps =
+        comm_.bcast_obj(comm_.rank() == 0 ? complete_steps() : std::vector<std::uint64_t>{});
+    // Saves that did not finish (killed, or failed) left directories without a manifest.
+    const std::vector<std::uint64_t> unfinished =
+        comm_.bcast_obj(comm_.rank() == 0 ? unfinished_steps() : std::vector<std::uint64_t>{});
+    for (const std::uint64_t step : unfinished) {
+      if (steps.empty() || step > steps.front()) {
+        note_skipped("step " + std::to_string(step) +
+                     " ignored: it has no manifest (a save that did not finish)");
+      }
+    }
+    for (const std::uint64_t step : steps) {
+      std::optional<verified> files;
+      std::string problem;
+      try {
+        files = verify(step);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+      const std::vector<std::string> problems = comm_.allgather_obj(problem);
+      if (std::any_of(problems.begin(), problems.end(),
+                      [](const std::string& p) { return !p.empty(); })) {
+        // One message per problem, naming the ranks that found it (a shared file: all of them).
+        for (std::size_t i = 0; i < problems.size(); ++i) {
+          if (problems[i].empty() ||
+              std::find(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(i),
+                        problems[i]) != problems.begin() + static_cast<std::ptrdiff_t>(i)) {
+            continue;
+          }
+          std::string ranks;
+          for (std::size_t j = i; j < problems.size(); ++j) {
+            if (problems[j] == problems[i]) {
+              ranks += (ranks.empty() ? "" : ", ") + std::to_string(j);
+            }
+          }
+          std::string_view why = problems[i];
+          if (why.starts_with(prefix)) {
+            why.remove_prefix(prefix.size());
+          }
+          note_skipped("step " + std::to_string(step) + " skipped (rank" +
+                       (ranks.find(',') == std::string::npos ? " " : "s ") + ranks +
+                       "): " + std::string(why));
+        }
+        continue;
+      }
+      std::string failure;
+      try {
+        std::optional<std::span<const std::byte>> own;
+        if (files->own) {
+          own = *files->own;
+        }
+        checkpoint::deserialize(files->replicated, own, (directory_ / step_name(step)).string(),
+                                step, {files->saved_ranks, comm_.size(), comm_.rank()}, state...);
+      } catch (const std::exception& e) {
+        failure = "rank " + std::to_string(comm_.rank()) + ": " + e.what();
+      }
+      throw_failures(comm_.allgather_obj(failure), "resuming from step " + std::to_string(step));
+      return step;
+    }
+    return std::nullopt;
+  }
+
+  //! What the last `resume` skipped, and why (each names the file and, for a damaged one, both
+  //! checksums).
+  const std::vector<std::string>& skipped() const noexcept { return skipped_; }
+
+  //! The steps of the complete checkpoints (with a manifest), newest first. Not collective.
+  std::vector<std::uint64_t> complete_steps() const { return steps_where(true); }
+
+  //! The steps of the checkpoint directories without a manifest, newest first. Not collective.
+  std::vector<std::uint64_t> unfinished_steps() const { return steps_where(false); }
+
+  const std::filesystem::path& directory() const noexcept { return directory_; }
+
+  //! The directory of the checkpoint of `step` under `directory`.
+  static std::string step_name(std::uint64_t step) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step-%020" PRIu64, step);
+    return name;
+  }
+
+private:
+  // The bytes of a verified checkpoint this rank reads.
+  struct verified {
+    int saved_ranks = 0;
+    std::vector<std::byte> replicated;
+    std::optional<std::vector<std::byte>> own;
+  };
+
+  // One save: the state's bytes, this rank's files once written (or what failed), and the
+  // thread that writes them when asynchronous.
+  struct pending {
+    std::uint64_t step = 0;
+    std::vector<std::byte> replicated;
+    std::vector<std::byte> own;
+    std::string outcome; // "ok <numbers>" once written, else what failed
+    std::thread writer;
+  };
+
+  // This rank's part of the replicated state and its own state, each to its file. Reports in
+  // `job.outcome`, never throws: it may run on the writer thread.
+  void write_files(pending& job) const noexcept {
+    const int n = comm_.size();
+    const int r = comm_.rank();
+    try {
+      const std::filesystem::path where = directory_ / step_name(job.step);
+      std::filesystem::create_directories(where);
+      const std::size_t begin = job.replicated.size() * static_cast<std::size_t>(r) / n;
+      const std::size_t end = job.replicated.size() * static_cast<std::size_t>(r + 1) / n;
+      const checkpoint::file_record part =
+          write(where, part_name("replicated", r, n),
+                std::span(job.replicated).subspan(begin, end - begin));
+      const checkpoint::file_record mine = write(where, part_name("rank", r, n), job.own);
+      job.outcome = "ok " + std::to_string(part.size) + " " + std::to_string(part.checksum) + " " +
+                    std::to_string(mine.size) + " " + std::to_string(mine.checksum) + " " +
+                    std::to_string(job.replicated.size()) + " " +
+                    std::to_string(checkpoint::checksum::of(job.replicated));
+    } catch (const std::exception& e) {
+      job.outcome = "rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+
+  // The collective end of a save: the ranks learn each other's outcome; if every rank wrote
+  // its files and their replicated states are one, rank 0 writes the manifest, then prunes.
+  void complete(pending& job) {
+    const int n = comm_.size();
+    const int r = comm_.rank();
+    const std::filesystem::path where = directory_ / step_name(job.step);
+    const std::string doing = "saving step " + std::to_string(job.step);
+    std::vector<std::string> outcomes = comm_.allgather_obj(job.outcome);
+    std::vector<std::array<std::uint64_t, 6>> numbers(outcomes.size());
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+      auto& v = numbers[i];
+      if (outcomes[i].compare(0, 3, "ok ") == 0 &&
+          std::sscanf(outcomes[i].c_str(),
+                      "ok %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
+                      &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6) {
+        outcomes[i] = "rank " + std::to_string(i) + ": an outcome that does not read";
+      }
+    }
+    for (std::size_t i = 1; i < outcomes.size(); ++i) {
+      if (outcomes[0].compare(0, 3, "ok ") == 0 && outcomes[i].compare(0, 3, "ok ") == 0 &&
+          (numbers[i][4] != numbers[0][4] || numbers[i][5] != numbers[0][5])) {
+        outcomes[i] = "rank " + std::to_string(i) + ": its replicated state (" +
+                      std::to_string(numbers[i][4]) + " bytes, XXH3 " +
+                      checkpoint::to_hex(numbers[i][5]) + ") differs from rank 0's (" +
+                      std::to_string(numbers[0][4]) + " bytes, XXH3 " +
+                      checkpoint::to_hex(numbers[0][5]) + "): the replicas are not identical";
+      }
+    }
+    try {
+      throw_failures(outcomes, doing);
+    } catch (const checkpoint_error&) {
+      if (r == 0) { // every rank is done with the directory: no half checkpoint is left
+        std::error_code ignored;
+        std::filesystem::remove_all(where, ignored);
+      }
+      comm_.barrier(); // and when save throws, it is gone
+      throw;
+    }
+    std::string written = "ok";
+    if (r == 0) {
+      try {
+        checkpoint::manifest m;
+        m.step = job.step;
+        m.ranks = n;
+        m.replicated_size = numbers[0][4];
+        m.replicated_checksum = numbers[0][5];
+        for (int i = 0; i < n; ++i) {
+          const auto& v = numbers[static_cast<std::size_t>(i)];
+          m.replicated.push_back({part_name("replicated", i, n), v[0], v[1]});
+          m.per_rank.push_back({part_name("rank", i, n), v[2], v[3]});
+        }
+        const std::string text = m.text();
+        write(where, std::string(checkpoint::manifest_name),
+              std::as_bytes(std::span(text.data(), text.size())));
+        prune(); // before any rank returns: when save returns, the old ones are gone
+      } catch (const std::exception& e) {
+        written = std::string("rank 0: ") + e.what();
+      }
+    }
+    throw_failures({comm_.bcast_obj(written)}, doing);
+  }
+
+  std::vector<std::uint64_t> steps_where(bool complete) const {
+    std::vector<std::uint64_t> steps;
+    std::error_code code;
+    for (const auto& entry : std::filesystem::directory_iterator(directory_, code)) {
+      const std::optional<std::uint64_t> step = step_of(entry.path().filename().string());
+      if (step && exists(entry.path() / checkpoint::manifest_name) == complete) {
+        steps.push_back(*step);
+      }
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    return steps;
+  }
+
+  static constexpr std::string_view prefix = "cohort checkpoint: ";
+
+  // Kept for skipped(), and printed once (by rank 0).
+  void note_skipped(std::string message) {
+    if (comm_.rank() == 0) {
+      std::fprintf(stderr, "%s%s\n", prefix.data(), message.c_str());
+    }
+    skipped_.push_back(std::move(message));
+  }
+
+  static std::string part_name(std::string_view role, int index, int ranks) {
+    return std::string(role) + "-" + std::to_string(index) + "-of-" + std::to_string(ranks);
+  }
+
+  static std::optional<std::uint64_t> step_of(const std::string& name) {
+    if (name.size() != 25 || name.compare(0, 5, "step-") != 0 ||
+        !std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return std::nullopt;
+    }
+    return std::stoull(name.substr(5));
+  }
+
+  static bool exists(const std::filesystem::path& path) {
+    std::error_code code;
+    return std::filesystem::is_regular_file(path, code);
+  }
+
+  checkpoint::file_record write(const std::filesystem::path& where, const std::string& name,
+                                std::span<const std::byte> bytes) const {
+    const std::span<const std::byte> pieces[] = {bytes};
+    return checkpoint::write_atomically(where, name, pieces, options_.write);
+  }
+
+  // Throws on every rank if any outcome is not "ok...", naming each failure.
+  void throw_failures(const std::vector<std::string>& outcomes, const std::string& doing) const {
+    std::string failures;
+    for (const std::string& o : outcomes) {
+      if (o.compare(0, 2, "ok") != 0) {
+        failures += (failures.empty() ? "" : "; ") + o;
+      }
+    }
+    if (!failures.empty()) {
+      throw checkpoint_error("cohort checkpoint: " + doing + " in " + directory_.string() +
+                             " failed on " + failures);
+    }
+  }
+
+  // Reads and checks the files of `step` that this rank needs.
+  verified verify(std::uint64_t step) const {
+    const std::filesystem::path where = directory_ / step_name(step);
+    const std::filesystem::path manifest_path = where / checkpoint::manifest_name;
+    const std::vector<std::byte> text = checkpoint::read_whole(manifest_path, 1 << 20);
+    const checkpoint::manifest m = checkpoint::manifest::parse(
+        {reinterpret_cast<const char*>(text.data()), text.size()}, manifest_path.string());
+    if (m.step != step) {
+      throw checkpoint_error("cohort checkpoint: " + manifest_path.string() + " is of step " +
+                             std::to_string(m.step) + " (moved from another checkpoint?)");
+    }
+    verified v;
+    v.saved_ranks = m.ranks;
+    std::uint64_t total = 0;
+    for (const checkpoint::file_record& part : m.replicated) {
+      total += std::min(part.size, options_.max_file_bytes);
+    }
+    v.replicated.reserve(static_cast<std::size_t>(std::min(total, options_.max_file_bytes)));
+    for (const checkpoint::file_record& part : m.replicated) {
+      const std::vector<std::byte> bytes = read_checked(where, part);
+      v.replicated.insert(v.replicated.end(), bytes.begin(), bytes.end());
+    }
+    const std::uint64_t whole = checkpoint::checksum::of(v.replicated);
+    if (v.replicated.size() != m.replicated_size || whole != m.replicated_checksum) {
+      throw checkpoint_error("cohort checkpoint: the replicated state of " + where.string() +
+                             " joined from its parts is " + std::to_string(v.replicated.size()) +
+                             " bytes with checksum " + checkpoint::to_hex(whole) +
+                             ", the manifest says " + std::to_string(m.replicated_size) +
+                             " bytes with " + checkpoint::to_hex(m.replicated_checksum));
+    }
+    if (m.ranks == comm_.size()) {
+      v.own = read_checked(where, m.per_rank[static_cast<std::size_t>(comm_.rank())]);
+    }
+    return v;
+  }
+
+  // The file `record` names, if its size and checksum are the manifest's.
+  std::vector<std::byte> read_checked(const std::filesystem::path& where,
+                                      const checkpoint::file_record& record) const {
+    const std::filesystem::path path = where / record.name;
+    if (record.size > options_.max_file_bytes) {
+      throw checkpoint_error("cohort checkpoint: the manifest gives " + path.string() + " " +
+                             std::to_string(record.size) + " bytes, more than max_file_bytes (" +
+                             std::to_string(options_.max_file_bytes) + ")");
+    }
+    std::error_code code;
+    const std::uintmax_t size = std::filesystem::file_size(path, code);
+    if (code) {
+      throw checkpoint_error("cohort checkpoint: " + path.string() + " is missing (" +
+                             code.message() + ")");
+    }
+    if (size != record.size) {
+      throw checkpoint_error("cohort checkpoint: " + path.string() + " holds " +
+                             std::to_string(size) + " bytes, the manifest says " +
+                             std::to_string(record.size) + " (truncated or replaced)");
+    }
+    std::vector<std::byte> bytes = checkpoint::read_whole(path, record.size);
+    const std::uint64_t sum = checkpoint::checksum::of(bytes);
+    if (sum != record.checksum) {
+      throw checkpoint_error("cohort checkpoint: " + path.string() + " has checksum " +
+                             checkpoint::to_hex(sum) + ", the manifest says " +
+                             checkpoint::to_hex(record.checksum) + " (damaged or replaced)");
+    }
+    return bytes;
+  }
+
+  // Keeps the newest `keep` complete checkpoints; removes older ones, and directories without a
+  // manifest older than the newest complete one (saves that failed). A manifest goes first, so
+  // that a removal cut short leaves no checkpoint that looks complete. Rank 0, after a save.
+  void prune() const {
+    const std::vector<std::uint64_t> complete = complete_steps();
+    if (complete.empty()) {
+      return;
+    }
+    std::vector<std::filesystem::path> doomed;
+    std::error_code code;
+    for (const auto& entry : std::filesystem::directory_iterator(directory_, code)) {
+      const std::optional<std::uint64_t> step = step_of(entry.path().filename().string());
+      if (!step) {
+        continue;
+      }
+      const auto rank_of = std::find(complete.begin(), complete.end(), *step);
+      const bool is_complete = rank_of != complete.end();
+      if ((is_complete && static_cast<std::size_t>(rank_of - complete.begin()) >= options_.keep) ||
+          (!is_complete && *step < complete.front())) {
+        doomed.push_back(entry.path());
+      }
+    }
+    for (const std::filesystem::path& path : doomed) {
+      std::filesystem::remove(path / checkpoint::manifest_name, code);
+      if (!code) {
+        std::filesystem::remove_all(path, code);
+      }
+      if (code) {
+        std::fprintf(stderr, "cohort checkpoint: could not remove %s: %s\n", path.c_str(),
+                     code.message().c_str());
+      }
+    }
+    if (!doomed.empty()) {
+      try {
+        checkpoint::sync_directory(directory_);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+      }
+    }
+  }
+
+  Communicator& comm_;
+  std::filesystem::path directory_;
+  checkpoint_options options_;
+  std::vector<std::string> skipped_;
+  std::unique_ptr<pending> pending_; // an asynchronous save in flight
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

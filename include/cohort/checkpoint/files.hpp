@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// A checkpoint's files on disk, with POSIX calls because the standard library cannot fsync: a
+// file is written under a temporary name, fsynced, renamed over its final name, and its directory
+// fsynced, so that after a crash it is either whole or absent. Files are read whole, after their
+// size is checked against a limit, so that a hostile or truncated file never makes cohort
+// allocate more than the caller allows. Every failure names the file, the call and errno's text.
+
+#include <cohort/checkpoint/checksum.hpp>
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! A checkpoint that cannot be written or read: the message names the file and what failed.
+class checkpoint_error : public error {
+public:
+  using error::error;
+};
+
+namespace checkpoint {
+
+//! A file of a checkpoint as its manifest lists it.
+struct file_record {
+  std::string name;
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;
+  friend bool operator==(const file_record&, const file_record&) = default;
+};
+
+//! Where writes go: the default writes with ::write; tests put a failing one in its place (a full
+//! file system) to check that a failed save loses nothing.
+using write_function = std::function<::ssize_t(int fd, const void* data, std::size_t bytes)>;
+
+namespace detail {
+
+[[noreturn]] inline void fail(std::string_view call, const std::filesystem::path& path, int code) {
+  throw checkpoint_error("cohort checkpoint: " + std::string(call) + " of " + path.string() +
+                         " failed: " + std::strerror(code));
+}
+
+// An open file descriptor, closed on every path.
+class descriptor {
+public:
+  descriptor(const std::filesystem::path& path, int flags, ::mode_t mode = 0644)
+      : fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)) {
+    if (fd_ < 0) {
+      fail("open", path, errno);
+    }
+  }
+  descriptor(const descriptor&) = delete;
+  descriptor& operator=(const descriptor&) = delete;
+  ~descriptor() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+  }
+  int get() const noexcept { return fd_; }
+  // Closes now, so that a failure of close (NFS reports late write errors there) is seen.
+  void close(const std::filesystem::path& path) {
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) {
+      fail("close", path, errno);
+    }
+  }
+
+private:
+  int fd_;
+};
+
+inline void fsync_or_fail(int fd, const std::filesystem::path& path) {
+  if (::fsync(fd) != 0) {
+    fail("fsync", path, errno);
+  }
+}
+
+} // namespace detail
+
+//! Makes the entries of `directory` (created, renamed or removed files) durable.
+inline void sync_directory(const std::filesystem::path& directory) {
+  detail::descriptor dir(directory, O_RDONLY | O_DIRECTORY);
+  detail::fsync_or_fail(dir.get(), directory);
+}
+
+//! Writes `pieces` one after the other into `directory/name` atomically: a temporary file, fsync,
+//! rename, fsync of the directory. Returns the file's record (size and checksum of what was
+//! written). On failure the temporary file is removed and the final name is untouched.
+inline file_record write_atomically(const std::filesystem::path& directory, const std::string& name,
+                                    std::span<const std::span<const std::byte>> pieces,
+                                    const write_function& write = {}) {
+  const std::filesystem::path final_path = directory / name;
+  const std::filesystem::path temporary = directory / ("." + name + ".tmp");
+  file_record record{name, 0, 0};
+  try {
+    detail::descriptor file(temporary, O_WRONLY | O_CREAT | O_TRUNC);
+    checksum sum;
+    for (const std::span<const std::byte> piece : pieces) {
+      sum.update(piece);
+      std::size_t done = 0;
+      while (done < piece.size()) {
+        // Bounded pieces: Linux writes at most 2 GiB - 4 KiB per call anyway.
+        const std::size_t bytes = std::min<std::size_t>(piece.size() - done, std::size_t{1} << 30);
+        const ::ssize_t n = write ? write(file.get(), piece.data() + done, bytes)
+                                  : ::write(file.get(), piece.data() + done, bytes);
+        if (n < 0 && errno == EINTR) {
+          continue;
+        }
+        if (n <= 0) {
+          detail::fail("write", temporary, n < 0 ? errno : ENOSPC);
+        }
+        done += static_cast<std::size_t>(n);
+      }
+      record.size += piece.size();
+    }
+    record.checksum = sum.value();
+    detail::fsync_or_fail(file.get(), temporary);
+    file.close(temporary);
+    if (::rename(temporary.c_str(), final_path.c_str()) != 0) {
+      detail::fail("rename", temporary, errno);
+    }
+  } catch (...) {
+    ::unlink(temporary.c_str());
+    throw;
+  }
+  sync_directory(directory);
+  return record;
+}
+
+//! The whole of `path`, refused with a `checkpoint_error` naming it if it is larger than
+//! `limit` bytes (before anything is allocated for it) or changes size while read.
+inline std::vector<std::byte> read_whole(const std::filesystem::path& path, std::uint64_t limit) {
+  detail::descriptor file(path, O_RDONLY);
+  struct ::stat info {};
+  if (::fstat(file.get(), &info) != 0) {
+    detail::fail("fstat", path, errno);
+  }
+  const auto size = static_cast<std::uint64_t>(info.st_size);
+  if (!S_ISREG(info.st_mode) || size > limit) {
+    throw checkpoint_error("cohort checkpoint: " + path.string() + " holds " +
+                           std::to_string(size) + " bytes, more than the " + std::to_string(limit) +
+                           " a file of this checkpoint may hold");
+  }
+  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ::ssize_t n = ::read(file.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0) {
+      detail::fail("read", path, errno);
+    }
+    if (n == 0) {
+      throw checkpoint_error("cohort checkpoint: " + path.string() + " ended after " +
+                             std::to_string(done) + " of its " + std::to_string(size) +
+                             " bytes (truncated while read)");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return bytes;
+}
+
+} // namespace checkpoint
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: Apache-2.0
+// cohort::checkpointer on 1 to 3 ranks: a round trip restores every kind of state exactly; a
+// checkpoint that is damaged (a byte flipped, a file truncated, missing or from another
+// checkpoint) is skipped on every rank with a message naming the file, and the ranks resume from
+// the newest one they all verified; a write that fails is an error on every rank and loses
+// nothing; keep N; state that does not fit is refused by name; another number of ranks resumes
+// the replicated state and restarts the epoch.
+#define BOOST_TEST_MODULE checkpoint.checkpointer
+#include <cohort/checkpoint.hpp>
+#include <cohort/cohort.hpp>
+
+#include <boost/serialization/vector.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "support/expect.hpp"
+#include "support/mpi_test_main.hpp"
+
+using cohort::test::message_has;
+namespace fs = std::filesystem;
+
+namespace {
+
+using param = cohort::parameter_ref<std::vector<float>>;
+
+// A trainer's state: parameters (replicated), an optimizer's velocity (a serialized value),
+// this rank's random engine and the data position.
+struct trainer_state {
+  std::vector<float> w, b, gw, gb;
+  std::vector<param> params;
+  std::vector<std::vector<float>> velocity;
+  std::mt19937_64 engine;
+  cohort::data_position position;
+
+  trainer_state(int rank, float fill, std::size_t width = 5)
+      : w(width, fill)
+      , b(3, fill + 1)
+      , gw(width)
+      , gb(3)
+      , velocity{std::vector<float>(width, fill * 2)}
+      , engine(static_cast<std::uint64_t>(1000 + rank)) {
+    bind();
+  }
+  trainer_state(const trainer_state& o)
+      : w(o.w)
+      , b(o.b)
+      , gw(o.gw)
+      , gb(o.gb)
+      , velocity(o.velocity)
+      , engine(o.engine)
+      , position(o.position) {
+    bind();
+  }
+  trainer_state& operator=(const trainer_state&) = delete;
+  void bind() { params = {{"w", &w, &gw}, {"b", &b, &gb}}; }
+  // Moves everything on, as training would.
+  void advance() {
+    for (float& x : w) {
+      x += 0.5f;
+    }
+    b[0] -= 1;
+    velocity[0][0] += 3;
+    engine.discard(7);
+    ++position.step;
+  }
+  template <class Ckpt>
+  void save(Ckpt& ckpt, std::uint64_t step) {
+    ckpt.save(step, params, cohort::serialized(velocity), engine, position);
+  }
+  template <class Ckpt>
+  std::optional<std::uint64_t> resume(Ckpt& ckpt) {
+    return ckpt.resume(params, cohort::serialized(velocity), engine, position);
+  }
+  bool same_as(const trainer_state& o) const {
+    return w == o.w && b == o.b && velocity == o.velocity && engine == o.engine &&
+           position == o.position;
+  }
+};
+
+// A fresh directory every rank sees, named by rank 0, which removes it at the end of the test
+// (every rank has read what it reads by then: inside the collectives that end each call).
+class fresh_directory {
+public:
+  fresh_directory(cohort::flat& comm, const std::string& name)
+      : root_(comm.rank() == 0) {
+    std::string path;
+    if (root_) {
+      path =
+          (fs::temp_directory_path() / ("cohort-ckpt-" + std::to_string(::getpid()) + "-" + name))
+              .string();
+      fs::remove_all(path);
+    }
+    path_ = comm.bcast_obj(path);
+  }
+  fresh_directory(const fresh_directory&) = delete;
+  fresh_directory& operator=(const fresh_directory&) = delete;
+  ~fresh_directory() {
+    if (root_) {
+      std::error_code ignored;
+      fs::remove_all(path_, ignored);
+    }
+  }
+  const fs::path& path() const noexcept { return path_; }
+
+private:
+  bool root_;
+  fs::path path_;
+};
+
+fs::path part(const fs::path& dir, std::uint64_t step, const std::string& name) {
+  return dir / cohort::checkpointer<cohort::flat>::step_name(step) / name;
+}
+
+// Rank 0 changes a file while the others wait.
+template <class F>
+void on_root(cohort::flat& comm, F&& f) {
+  if (comm.rank() == 0) {
+    f();
+  }
+  comm.barrier();
+}
+
+void flip_byte(const fs::path& file, std::streamoff at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x20));
+}
+
+bool every_rank(cohort::flat& comm, bool mine) {
+  return comm.allreduce_obj(mine ? 1 : 0, [](int a, int b) { return std::min(a, b); }) == 1;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(nothing_to_resume_starts_afresh) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "empty");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir};
+  trainer_state s(comm.rank(), 1);
+  BOOST_TEST(!s.resume(ckpt).has_value());
+  BOOST_TEST(ckpt.skipped().empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_round_trip_restores_every_kind_of_state_exactly) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "round-trip");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir};
+  trainer_state saved(comm.rank(), 1);
+  saved.advance();
+  saved.save(ckpt, 10);
+
+  // Files: one replicated part and one own file per rank, and the manifest.
+  BOOST_TEST(fs::exists(part(dir, 10, "MANIFEST")));
+  BOOST_TEST(fs::exists(
+      part(dir, 10,
+           "replicated-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size()))));
+
+  trainer_state resumed(comm.rank(), 9);
+  BOOST_TEST(!resumed.same_as(saved));
+  const auto step = resumed.resume(ckpt);
+  BOOST_TEST(step.value_or(0) == 10u);
+  BOOST_TEST(resumed.same_as(saved));
+  BOOST_TEST(ckpt.skipped().empty());
+}
+
+BOOST_AUTO_TEST_CASE(the_newest_keep_checkpoints_stay) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "keep");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir, {.keep = 2}};
+  trainer_state s(comm.rank(), 1);
+  for (std::uint64_t step = 1; step <= 5; ++step) {
+    s.advance();
+    s.save(ckpt, step);
+  }
+  const std::vector<std::uint64_t> expected{5, 4};
+  BOOST_TEST(ckpt.complete_steps() == expected, boost::test_tools::per_element());
+  BOOST_TEST(!fs::exists(dir / cohort::checkpointer<cohort::flat>::step_name(3)));
+  // A step saved already is not written again.
+  s.advance();
+  s.save(ckpt, 5);
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 5u);
+  BOOST_TEST(resumed.position.step == 5u);
+}
+
+BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_skipped_alike_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "damaged");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir, {.keep = 10}};
+  trainer_state s(comm.rank(), 1);
+  std::vector<trainer_state> at;
+  for (std::uint64_t step = 1; step <= 6; ++step) {
+    s.advance();
+    s.save(ckpt, step);
+    at.push_back(s);
+  }
+  const std::string n = std::to_string(comm.size());
+  const std::string last_rank = std::to_string(comm.size() - 1);
+  on_root(comm, [&] {
+    flip_byte(part(dir, 6, "replicated-0-of-" + n), 20);                 // a byte flipped
+    fs::resize_file(part(dir, 5, "rank-" + last_rank + "-of-" + n), 10); // truncated
+    fs::remove(part(dir, 4, "replicated-0-of-" + n));                    // missing
+    fs::copy_file(part(dir, 2, "rank-0-of-" + n), part(dir, 3, "rank-0-of-" + n),
+                  fs::copy_options::overwrite_existing); // from another checkpoint
+  });
+  trainer_state resumed(comm.rank(), 0);
+  // Never two ranks on different steps: all of them on step 2.
+  BOOST_TEST(every_rank(comm, resumed.resume(ckpt).value_or(0) == 2u));
+  BOOST_TEST(resumed.same_as(at[1]));
+  // Every rank knows why, and the same: the file, and both checksums or sizes.
+  std::string why;
+  for (const std::string& m : ckpt.skipped()) {
+    why += m + "\n";
+  }
+  BOOST_TEST_MESSAGE(why);
+  BOOST_TEST(message_has({"step 6 skipped", "replicated-0-of-" + n, "has checksum",
+                          "the manifest says"})(cohort::error(why)));
+  BOOST_TEST(message_has({"step 5 skipped", "rank-" + last_rank + "-of-" + n, "holds 10 bytes",
+                          "truncated"})(cohort::error(why)));
+  BOOST_TEST(message_has({"step 4 skipped", "is missing"})(cohort::error(why)));
+  BOOST_TEST(message_has({"step 3 skipped", "rank-0-of-" + n, "has checksum"})(cohort::error(why)));
+  // Without its manifest a checkpoint does not exist; a manifest of another step is refused.
+  on_root(comm, [&] {
+    fs::remove(part(dir, 2, "MANIFEST"));
+    fs::copy_file(part(dir, 1, "MANIFEST"), part(dir, 6, "MANIFEST"),
+                  fs::copy_options::overwrite_existing);
+  });
+  trainer_state oldest(comm.rank(), 0);
+  BOOST_TEST(oldest.resume(ckpt).value_or(0) == 1u);
+  BOOST_TEST(oldest.same_as(at[0]));
+  BOOST_TEST(ckpt.skipped().front().find("is of step 1") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_write_is_an_error_on_every_rank_and_loses_nothing) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "full");
+  const fs::path& dir = scratch.path();
+  const int failing = comm.size() - 1;
+  bool full = false;
+  cohort::checkpoint_options options{.keep = 1};
+  // The last rank's disk fills up after step 1.
+  options.write = [&](int fd, const void* data, std::size_t bytes) -> ::ssize_t {
+    if (comm.rank() == failing && full) {
+      errno = ENOSPC;
+      return -1;
+    }
+    return ::write(fd, data, bytes);
+  };
+  cohort::checkpointer ckpt{comm, dir, options};
+  trainer_state s(comm.rank(), 1);
+  s.save(ckpt, 1);
+  const trainer_state first = s;
+  s.advance();
+  full = true;
+  BOOST_CHECK_EXCEPTION(
+      s.save(ckpt, 2), cohort::checkpoint_error,
+      message_has({"saving step 2", "rank " + std::to_string(failing), "No space left on device"}));
+  // Nothing of step 2 is left, and step 1 is whole.
+  BOOST_TEST(!fs::exists(dir / ckpt.step_name(2)));
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 1u);
+  BOOST_TEST(resumed.same_as(first));
+  BOOST_TEST(ckpt.skipped().empty());
+}
+
+BOOST_AUTO_TEST_CASE(state_that_does_not_fit_is_refused_by_name_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "misfit");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir};
+  trainer_state s(comm.rank(), 1);
+  s.save(ckpt, 1);
+  trainer_state wider(comm.rank(), 1, 6);
+  BOOST_CHECK_EXCEPTION(wider.resume(ckpt), cohort::checkpoint_error,
+                        message_has({"resuming from step 1", "parameter 'w'",
+                                     "was saved with 20 bytes", "the one given has 24"}));
+  std::mt19937_64 engine;
+  BOOST_CHECK_EXCEPTION(ckpt.resume(s.params, engine), cohort::checkpoint_error,
+                        message_has({"holds 3 things", "resume was given 1"}));
+  BOOST_CHECK_EXCEPTION(
+      ckpt.resume(s.params, s.position, cohort::serialized(s.velocity), engine),
+      cohort::checkpoint_error,
+      message_has({"was saved as a serialized value", "was given a data position"}));
+}
+
+BOOST_AUTO_TEST_CASE(another_number_of_ranks_resumes_the_replicated_state) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "ranks");
+  const fs::path& dir = scratch.path();
+  trainer_state saved(0, 1);
+  saved.advance();
+  saved.position = {3, 17};
+  if (comm.rank() == 0) {
+    // Saved by rank 0 alone, a job of one rank.
+    cohort::flat alone = comm.split(0, 0);
+    cohort::checkpointer ckpt{alone, dir};
+    saved.save(ckpt, 40);
+  } else {
+    (void)comm.split(1, 0);
+  }
+  comm.barrier();
+  cohort::checkpointer ckpt{comm, dir};
+  trainer_state resumed(comm.rank(), 0);
+  const std::mt19937_64 own_engine = resumed.engine;
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 40u);
+  BOOST_TEST(resumed.w == saved.w);
+  BOOST_TEST(resumed.velocity == saved.velocity);
+  BOOST_TEST(resumed.position.epoch == 3u);
+  BOOST_TEST(resumed.position.step == (comm.size() == 1 ? 17u : 0u));
+  // Each rank's engine is restored only by as many ranks as saved it.
+  BOOST_TEST((resumed.engine == (comm.size() == 1 ? saved.engine : own_engine)));
+}
+
+BOOST_AUTO_TEST_CASE(a_hostile_manifest_is_an_error_naming_its_line) {
+  using cohort::checkpoint::manifest;
+  const std::string head = "cohort checkpoint 1\nbyte-order 1\nstep 4\nranks 1\n"
+                           "replicated-state 0 0000000000000000\n";
+  const std::string file = "per-rank 0 10 00000000000000ff rank-0-of-1\n";
+  BOOST_TEST(manifest::parse(head + file + "end\n", "m").per_rank.size() == 1u);
+  const std::pair<std::string, std::string> bad[] = {
+      {"not a manifest\n", "line 1"},
+      {head + file, "truncated"},
+      {head + "per-rank 0 10 00000000000000ff ../../etc/passwd\nend\n", "not a file name"},
+      {head + "per-rank 0 10 zz000000000000ff rank-0-of-1\nend\n", "16 hexadecimal"},
+      {head + "per-rank 0 99999999999999999999999 00000000000000ff r\nend\n", "not a number"},
+      {"cohort checkpoint 1\nbyte-order 1\nstep 4\nranks 99999999\n", "not a number up to"},
+      {head + "end\n", "0 per-rank files"},
+      {head + file + "end\nmore\n", "after 'end'"},
+      {head + "per-rank 5 10 00000000000000ff rank-0-of-1\nend\n", "out of order"},
+  };
+  for (const auto& [text, expected] : bad) {
+    BOOST_TEST_CONTEXT(text) {
+      BOOST_CHECK_EXCEPTION(manifest::parse(text, "m"), cohort::checkpoint_error,
+                            message_has({expected}));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_length_is_checked_before_it_is_used) {
+  cohort::checkpoint::byte_writer out;
+  out.put<std::uint64_t>(std::uint64_t{1} << 62); // a length of 4 EiB, and no bytes
+  cohort::checkpoint::byte_reader in(out.bytes(), "test");
+  BOOST_CHECK_EXCEPTION((void)in.get_block("a block"), cohort::checkpoint_error,
+                        message_has({"test: a block needs 4611686018427387904 bytes but 0"}));
+  cohort::checkpoint::byte_reader again(out.bytes(), "test");
+  BOOST_CHECK_EXCEPTION((void)again.get_string("a name"), cohort::checkpoint_error,
+                        message_has({"more than 4096"}));
+}

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// A job whose last rank is killed (SIGKILL) in the middle of writing its file of step 2, and the
+// job that resumes after it. Run by test/checkpoint/kill.sh:
+//
+//   die_in_save save DIR     # saves step 1, then dies in step 2 (the job ends with an error)
+//   die_in_save resume DIR   # resumes step 1, says so, and checks the state is step 1's
+#include <cohort/checkpoint.hpp>
+#include <cohort/cohort.hpp>
+
+#include <boost/mpi/environment.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using param = cohort::parameter_ref<std::vector<float>>;
+
+struct state {
+  std::vector<float> w = std::vector<float>(100000, 0.0f);
+  std::vector<float> g = std::vector<float>(100000);
+  std::vector<param> params{{"w", &w, &g}};
+  cohort::data_position position;
+  void set(float value) {
+    std::fill(w.begin(), w.end(), value);
+    position = {0, static_cast<std::uint64_t>(value)};
+  }
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+  boost::mpi::environment env(argc, argv);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: die_in_save save|resume DIR\n");
+    return 2;
+  }
+  const std::string_view mode = argv[1];
+  auto comm = cohort::make_communicator<cohort::flat>();
+  std::uint64_t step = 0;
+  cohort::checkpoint_options options;
+  // The last rank writes half of its first file of step 2, then is killed.
+  options.write = [&](int fd, const void* data, std::size_t bytes) -> ::ssize_t {
+    if (step == 2 && comm.rank() == comm.size() - 1) {
+      (void)::write(fd, data, bytes / 2);
+      std::raise(SIGKILL);
+    }
+    return ::write(fd, data, bytes);
+  };
+  cohort::checkpointer ckpt{comm, argv[2], options};
+  state s;
+  if (mode == "save") {
+    for (step = 1; step <= 2; ++step) {
+      s.set(static_cast<float>(step));
+      ckpt.save(step, s.params, s.position);
+    }
+    std::printf("saved step 2: the rank was not killed\n");
+    return 0;
+  }
+  const auto resumed = ckpt.resume(s.params, s.position);
+  const bool intact = resumed == 1u && s.position.step == 1u &&
+                      std::all_of(s.w.begin(), s.w.end(), [](float x) { return x == 1.0f; });
+  if (comm.rank() == 0) {
+    for (const std::string& why : ckpt.skipped()) {
+      std::printf("skipped: %s\n", why.c_str());
+    }
+    std::printf("resumed step %llu\n", static_cast<unsigned long long>(resumed.value_or(0)));
+  }
+  const bool all_intact =
+      comm.allreduce_obj(intact ? 1 : 0, [](int a, int b) { return a < b ? a : b; }) == 1;
+  if (comm.rank() == 0) {
+    std::printf(all_intact ? "state of step 1 intact on every rank\n" : "STATE WRONG\n");
+  }
+  return all_intact ? 0 : 1;
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Checkpoints against SIGKILL, in real jobs under mpirun, each bounded in time:
+#
+#   kill.sh job MPIEXEC RANKS MNIST_MLP WORK
+#     mnist_mlp run whole, then the same run with checkpoints killed (SIGKILL to every process
+#     of the job) once a few are complete, then started again with the same command: it must
+#     resume and end with the very weights of the whole run (bit for bit).
+#   kill.sh rank MPIEXEC RANKS DIE_IN_SAVE WORK
+#     one rank killed in the middle of writing a checkpoint: the job ends (not hangs), and the
+#     next job resumes the checkpoint before, saying that it ignored the unfinished one.
+set -euo pipefail
+mode=$1 mpiexec=$2 ranks=$3 program=$4 work=$5
+rm -rf "$work"
+mkdir -p "$work"
+fail() { echo "kill.sh: $*" >&2; exit 1; }
+# A job that must end within $1 seconds.
+bounded() { local limit=$1; shift; timeout --kill-after=5 "$limit" "$@"; }
+
+if [ "$mode" = job ]; then
+  args=(--epochs 3 --hidden 128 --train-size 3000 --test-size 300 --global-batch 60)
+  bounded 120 "$mpiexec" -n "$ranks" "$program" "${args[@]}" >"$work/whole.txt"
+  whole=$(grep "final weights" "$work/whole.txt") || fail "the whole run printed no weights"
+
+  ckpt=$work/checkpoints
+  "$mpiexec" -n "$ranks" "$program" "${args[@]}" --checkpoint "$ckpt" --checkpoint-every 2 \
+    >"$work/killed.txt" 2>&1 &
+  job=$!
+  # Killed once a checkpoint of step 20 or later is complete (of 150 steps).
+  newest() {
+    ls -d "$ckpt"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
+      sort -n | tail -n 1 || true
+  }
+  for _ in $(seq 1 2400); do
+    n=$(newest)
+    if [ -n "$n" ] && [ "$n" -ge 20 ]; then break; fi
+    sleep 0.025
+  done
+  pkill -KILL -f -- "--checkpoint $ckpt" || true
+  wait "$job" 2>/dev/null && fail "the job was not killed: it finished first"
+  if grep -q "final weights" "$work/killed.txt"; then
+    fail "the job finished before it was killed"
+  fi
+  echo "killed after: $(ls "$ckpt")"
+
+  bounded 120 "$mpiexec" -n "$ranks" "$program" "${args[@]}" --checkpoint "$ckpt" \
+    --checkpoint-every 2 >"$work/resumed.txt"
+  cat "$work/resumed.txt"
+  grep -q "resumed from step" "$work/resumed.txt" || fail "the second job did not resume"
+  resumed=$(grep "final weights" "$work/resumed.txt")
+  [ "$resumed" = "$whole" ] || fail "resumed: '$resumed'; whole run: '$whole'"
+  echo "resumed run ends as the whole run: $whole"
+elif [ "$mode" = rank ]; then
+  status=0
+  bounded 60 "$mpiexec" -n "$ranks" "$program" save "$work/checkpoints" >"$work/died.txt" 2>&1 ||
+    status=$?
+  [ "$status" -ne 0 ] || fail "the job with a killed rank succeeded: $(cat "$work/died.txt")"
+  [ "$status" -ne 124 ] || fail "the job hung after a rank was killed"
+  echo "the job with a killed rank ended with status $status"
+  bounded 60 "$mpiexec" -n "$ranks" "$program" resume "$work/checkpoints" >"$work/resumed.txt" 2>&1 ||
+    fail "the resuming job failed: $(cat "$work/resumed.txt")"
+  cat "$work/resumed.txt"
+  grep -q "step 2 ignored: it has no manifest" "$work/resumed.txt" || fail "no word of step 2"
+  grep -q "resumed step 1" "$work/resumed.txt" || fail "did not resume step 1"
+  grep -q "state of step 1 intact on every rank" "$work/resumed.txt" || fail "state not intact"
+else
+  fail "mode is job or rank, not $mode"
+fi
+rm -rf "$work"
