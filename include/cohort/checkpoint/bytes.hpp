@@ -10,6 +10,7 @@
 #include <cohort/checkpoint/files.hpp>
 #include <cohort/config.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,40 +24,109 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace checkpoint {
 
-//! Appends numbers, strings and raw bytes to a buffer.
+//! Bytes in pieces: what a writer holds, what is written to a file, what is checksummed.
+using byte_pieces = std::vector<std::span<const std::byte>>;
+
+//! The bytes [begin, end) of `pieces`, as pieces (no copy).
+inline byte_pieces slice(const byte_pieces& pieces, std::size_t begin, std::size_t end) {
+  byte_pieces out;
+  std::size_t at = 0;
+  for (const std::span<const std::byte> piece : pieces) {
+    const std::size_t from = std::max(begin, at);
+    const std::size_t to = std::min(end, at + piece.size());
+    if (from < to) {
+      out.push_back(piece.subspan(from - at, to - from));
+    }
+    at += piece.size();
+  }
+  return out;
+}
+
+//! Appends numbers, strings and blocks. Small things are copied into the writer; a large block
+//! put with `put_block_borrowed` stays where it is (a parameter's values: a save writes them to
+//! the file from the parameter's own memory), so that a save costs no copy of the state.
 class byte_writer {
 public:
+  //! Blocks at least this large are borrowed by put_block_borrowed; smaller ones are copied.
+  static constexpr std::size_t borrow_threshold = 64 * 1024;
+
   template <class T>
   requires std::is_trivially_copyable_v<T>
   void put(const T& value) { put_bytes(std::as_bytes(std::span(&value, 1))); }
   void put_bytes(std::span<const std::byte> bytes) {
-    bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
+    if (segments_.empty() || segments_.back().borrowed != nullptr) {
+      segments_.push_back({nullptr, own_.size(), 0});
+    }
+    own_.insert(own_.end(), bytes.begin(), bytes.end());
+    segments_.back().size += bytes.size();
+    size_ += bytes.size();
   }
   //! A length, then the characters.
   void put_string(std::string_view text) {
     put<std::uint64_t>(text.size());
     put_bytes(std::as_bytes(std::span(text.data(), text.size())));
   }
-  //! A length, then the bytes.
+  //! A length, then the bytes (copied).
   void put_block(std::span<const std::byte> bytes) {
     put<std::uint64_t>(bytes.size());
     put_bytes(bytes);
   }
-  //! Starts a block whose length is known only at its end: returns where to patch it.
-  std::size_t begin_block() {
+  //! A length, then the bytes, not copied if large: they must stay as they are until the
+  //! writer's pieces have been written (a checkpoint's save copies them first when asynchronous).
+  void put_block_borrowed(std::span<const std::byte> bytes) {
+    put<std::uint64_t>(bytes.size());
+    if (bytes.size() < borrow_threshold) {
+      put_bytes(bytes);
+      return;
+    }
+    segments_.push_back({bytes.data(), 0, bytes.size()});
+    size_ += bytes.size();
+  }
+  //! Starts a block whose length is known only at its end.
+  struct block_start {
+    std::size_t patch;    // where the length is, in the writer's own bytes
+    std::size_t position; // where the block begins, among all bytes
+  };
+  block_start begin_block() {
     put<std::uint64_t>(0);
-    return bytes_.size();
+    return {own_.size() - sizeof(std::uint64_t), size_};
   }
   //! Ends the block `begin_block` started.
-  void end_block(std::size_t start) {
-    const std::uint64_t length = bytes_.size() - start;
-    std::memcpy(bytes_.data() + start - sizeof length, &length, sizeof length);
+  void end_block(block_start start) {
+    const std::uint64_t length = size_ - start.position;
+    std::memcpy(own_.data() + start.patch, &length, sizeof length);
   }
-  std::vector<std::byte>& bytes() noexcept { return bytes_; }
-  std::size_t size() const noexcept { return bytes_.size(); }
+
+  //! Every byte, in order, as pieces (valid until the writer changes).
+  byte_pieces pieces() const {
+    byte_pieces out;
+    out.reserve(segments_.size());
+    for (const segment& s : segments_) {
+      out.push_back(s.borrowed != nullptr ? std::span(s.borrowed, s.size)
+                                          : std::span(own_.data() + s.offset, s.size));
+    }
+    return out;
+  }
+  //! Every byte, copied into one buffer.
+  std::vector<std::byte> contiguous() const {
+    std::vector<std::byte> out;
+    out.reserve(size_);
+    for (const std::span<const std::byte> piece : pieces()) {
+      out.insert(out.end(), piece.begin(), piece.end());
+    }
+    return out;
+  }
+  std::size_t size() const noexcept { return size_; }
 
 private:
-  std::vector<std::byte> bytes_;
+  struct segment {
+    const std::byte* borrowed; // null: the writer's own bytes, from `offset`
+    std::size_t offset;
+    std::size_t size;
+  };
+  std::vector<std::byte> own_;
+  std::vector<segment> segments_;
+  std::size_t size_ = 0;
 };
 
 //! Reads what a byte_writer wrote, checking every length against the bytes left. `source` names

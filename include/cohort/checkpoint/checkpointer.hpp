@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -103,14 +104,32 @@ public:
     }
     auto job = std::make_unique<pending>();
     job->step = step;
+    job->rank = comm_.rank();
+    job->ranks = comm_.size();
     try {
       job->replicated = checkpoint::serialize<state_scope::replicated>(step, state...);
+      if (job->rank == 0) {
+        job->root = checkpoint::serialize<state_scope::root>(step, state...);
+      }
       job->own = checkpoint::serialize<state_scope::per_rank>(step, state...);
+      job->pieces = {job->replicated.pieces(), job->root.pieces(), job->own.pieces()};
+      if (options_.async) {
+        // The state may change once save returns: its bytes are copied now, into buffers kept
+        // from one save to the next (no allocation, no page faults, once they are large enough).
+        job->copies = std::move(spare_);
+        for (std::size_t i = 0; i < job->pieces.size(); ++i) {
+          job->pieces[i] = job->copies[i].copy(job->pieces[i]);
+        }
+      }
     } catch (const std::exception& e) {
-      job->outcome = "rank " + std::to_string(comm_.rank()) + ": " + e.what();
+      job->outcome = "rank " + std::to_string(comm_.rank()) + ": " + reason(e);
     }
-    if (options_.async && job->outcome.empty()) {
-      job->writer = std::thread([this, job = job.get()] { write_files(*job); });
+    if (options_.async) {
+      // Every rank returns here, even one whose state did not serialize: the ranks complete the
+      // save together at the next call, where that failure is every rank's error.
+      if (job->outcome.empty()) {
+        job->writer = std::thread([this, job = job.get()] { write_files(*job); });
+      }
       pending_ = std::move(job);
       return;
     }
@@ -127,7 +146,10 @@ public:
       return;
     }
     const std::unique_ptr<pending> job = std::move(pending_);
-    job->writer.join();
+    if (job->writer.joinable()) {
+      job->writer.join();
+    }
+    spare_ = std::move(job->copies);
     complete(*job);
   }
 
@@ -138,7 +160,9 @@ public:
     if (!pending_) {
       return;
     }
-    pending_->writer.join();
+    if (pending_->writer.joinable()) {
+      pending_->writer.join();
+    }
     if (std::uncaught_exceptions() == 0) {
       try {
         complete(*pending_);
@@ -213,10 +237,11 @@ public:
         if (files->own) {
           own = *files->own;
         }
-        checkpoint::deserialize(files->replicated, own, (directory_ / step_name(step)).string(),
-                                step, {files->saved_ranks, comm_.size(), comm_.rank()}, state...);
+        checkpoint::deserialize(files->replicated, files->root, own,
+                                (directory_ / step_name(step)).string(), step,
+                                {files->saved_ranks, comm_.size(), comm_.rank()}, state...);
       } catch (const std::exception& e) {
-        failure = "rank " + std::to_string(comm_.rank()) + ": " + e.what();
+        failure = "rank " + std::to_string(comm_.rank()) + ": " + reason(e);
       }
       throw_failures(comm_.allgather_obj(failure), "resuming from step " + std::to_string(step));
       return step;
@@ -247,40 +272,84 @@ private:
   // The bytes of a verified checkpoint this rank reads.
   struct verified {
     int saved_ranks = 0;
-    std::vector<std::byte> replicated;
+    std::span<const std::byte> replicated; // in read_buffer_
+    std::vector<std::byte> root;
     std::optional<std::vector<std::byte>> own;
+  };
+
+  // Memory kept from one asynchronous save to the next: allocated (without zeroing) only when a
+  // save needs more.
+  struct buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+    //! `size` bytes of it (their values are whatever was there).
+    std::span<std::byte> take(std::size_t size) {
+      if (size > capacity) {
+        data = std::make_unique_for_overwrite<std::byte[]>(size);
+        capacity = size;
+      }
+      return {data.get(), size};
+    }
+    checkpoint::byte_pieces copy(const checkpoint::byte_pieces& from) {
+      std::size_t size = 0;
+      for (const std::span<const std::byte> piece : from) {
+        size += piece.size();
+      }
+      take(size);
+      std::size_t at = 0;
+      for (const std::span<const std::byte> piece : from) {
+        if (!piece.empty()) {
+          std::memcpy(data.get() + at, piece.data(), piece.size());
+        }
+        at += piece.size();
+      }
+      return {std::span<const std::byte>(data.get(), size)};
+    }
   };
 
   // One save: the state's bytes, this rank's files once written (or what failed), and the
   // thread that writes them when asynchronous.
   struct pending {
     std::uint64_t step = 0;
-    std::vector<std::byte> replicated;
-    std::vector<std::byte> own;
-    std::string outcome; // "ok <numbers>" once written, else what failed
+    int rank = 0; // read on the trainer's thread: the writer thread touches no communicator
+    int ranks = 1;
+    checkpoint::byte_writer replicated; // large blocks borrowed from the state
+    checkpoint::byte_writer root;       // rank 0's only
+    checkpoint::byte_writer own;
+    std::array<checkpoint::byte_pieces, 3> pieces; // what is written: the writers' bytes, or
+    std::array<buffer, 3> copies;                  // with async, their copies here
+    std::string outcome;                           // "ok <numbers>" once written, else what failed
     std::thread writer;
   };
 
   // This rank's part of the replicated state and its own state, each to its file. Reports in
   // `job.outcome`, never throws: it may run on the writer thread.
   void write_files(pending& job) const noexcept {
-    const int n = comm_.size();
-    const int r = comm_.rank();
+    const int n = job.ranks;
+    const int r = job.rank;
     try {
       const std::filesystem::path where = directory_ / step_name(job.step);
       std::filesystem::create_directories(where);
-      const std::size_t begin = job.replicated.size() * static_cast<std::size_t>(r) / n;
-      const std::size_t end = job.replicated.size() * static_cast<std::size_t>(r + 1) / n;
+      const checkpoint::byte_pieces& replicated = job.pieces[0];
+      const std::size_t total = job.replicated.size();
+      const std::size_t begin = total * static_cast<std::size_t>(r) / n;
+      const std::size_t end = total * static_cast<std::size_t>(r + 1) / n;
       const checkpoint::file_record part =
-          write(where, part_name("replicated", r, n),
-                std::span(job.replicated).subspan(begin, end - begin));
-      const checkpoint::file_record mine = write(where, part_name("rank", r, n), job.own);
+          write(where, part_name("replicated", r, n), checkpoint::slice(replicated, begin, end));
+      const checkpoint::file_record mine = write(where, part_name("rank", r, n), job.pieces[2]);
+      checkpoint::file_record root;
+      if (r == 0) {
+        root = write(where, root_name(n), job.pieces[1]);
+      }
+      // The whole replicated state's checksum, which the ranks compare: a replica that differs
+      // is caught here, at every save.
       job.outcome = "ok " + std::to_string(part.size) + " " + std::to_string(part.checksum) + " " +
                     std::to_string(mine.size) + " " + std::to_string(mine.checksum) + " " +
-                    std::to_string(job.replicated.size()) + " " +
-                    std::to_string(checkpoint::checksum::of(job.replicated));
+                    std::to_string(total) + " " +
+                    std::to_string(checkpoint::checksum::of(replicated)) + " " +
+                    std::to_string(root.size) + " " + std::to_string(root.checksum);
     } catch (const std::exception& e) {
-      job.outcome = "rank " + std::to_string(r) + ": " + e.what();
+      job.outcome = "rank " + std::to_string(r) + ": " + reason(e);
     }
   }
 
@@ -292,13 +361,14 @@ private:
     const std::filesystem::path where = directory_ / step_name(job.step);
     const std::string doing = "saving step " + std::to_string(job.step);
     std::vector<std::string> outcomes = comm_.allgather_obj(job.outcome);
-    std::vector<std::array<std::uint64_t, 6>> numbers(outcomes.size());
+    std::vector<std::array<std::uint64_t, 8>> numbers(outcomes.size());
     for (std::size_t i = 0; i < outcomes.size(); ++i) {
       auto& v = numbers[i];
       if (outcomes[i].compare(0, 3, "ok ") == 0 &&
           std::sscanf(outcomes[i].c_str(),
-                      "ok %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
-                      &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6) {
+                      "ok %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+                      " %" SCNu64 " %" SCNu64,
+                      &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 8) {
         outcomes[i] = "rank " + std::to_string(i) + ": an outcome that does not read";
       }
     }
@@ -335,12 +405,13 @@ private:
           m.replicated.push_back({part_name("replicated", i, n), v[0], v[1]});
           m.per_rank.push_back({part_name("rank", i, n), v[2], v[3]});
         }
+        m.root.push_back({root_name(n), numbers[0][6], numbers[0][7]});
         const std::string text = m.text();
         write(where, std::string(checkpoint::manifest_name),
-              std::as_bytes(std::span(text.data(), text.size())));
+              {std::as_bytes(std::span(text.data(), text.size()))});
         prune(); // before any rank returns: when save returns, the old ones are gone
       } catch (const std::exception& e) {
-        written = std::string("rank 0: ") + e.what();
+        written = "rank 0: " + reason(e);
       }
     }
     throw_failures({comm_.bcast_obj(written)}, doing);
@@ -361,6 +432,15 @@ private:
 
   static constexpr std::string_view prefix = "cohort checkpoint: ";
 
+  // What went wrong, without the prefix the whole message will carry once.
+  static std::string reason(const std::exception& e) {
+    std::string_view what = e.what();
+    if (what.starts_with(prefix)) {
+      what.remove_prefix(prefix.size());
+    }
+    return std::string(what);
+  }
+
   // Kept for skipped(), and printed once (by rank 0).
   void note_skipped(std::string message) {
     if (comm_.rank() == 0) {
@@ -368,6 +448,8 @@ private:
     }
     skipped_.push_back(std::move(message));
   }
+
+  static std::string root_name(int ranks) { return "root-of-" + std::to_string(ranks); }
 
   static std::string part_name(std::string_view role, int index, int ranks) {
     return std::string(role) + "-" + std::to_string(index) + "-of-" + std::to_string(ranks);
@@ -387,8 +469,7 @@ private:
   }
 
   checkpoint::file_record write(const std::filesystem::path& where, const std::string& name,
-                                std::span<const std::byte> bytes) const {
-    const std::span<const std::byte> pieces[] = {bytes};
+                                const checkpoint::byte_pieces& pieces) const {
     return checkpoint::write_atomically(where, name, pieces, options_.write);
   }
 
@@ -407,7 +488,7 @@ private:
   }
 
   // Reads and checks the files of `step` that this rank needs.
-  verified verify(std::uint64_t step) const {
+  verified verify(std::uint64_t step) {
     const std::filesystem::path where = directory_ / step_name(step);
     const std::filesystem::path manifest_path = where / checkpoint::manifest_name;
     const std::vector<std::byte> text = checkpoint::read_whole(manifest_path, 1 << 20);
@@ -419,32 +500,52 @@ private:
     }
     verified v;
     v.saved_ranks = m.ranks;
+    // The parts are read one after the other into one buffer (kept for the next resume), and
+    // checked in one pass against the joined state's checksum; each part's own checksum is
+    // computed only to name the file when that fails.
     std::uint64_t total = 0;
     for (const checkpoint::file_record& part : m.replicated) {
-      total += std::min(part.size, options_.max_file_bytes);
+      require_size(where, part);
+      total += part.size;
     }
-    v.replicated.reserve(static_cast<std::size_t>(std::min(total, options_.max_file_bytes)));
+    if (total != m.replicated_size || total > options_.max_file_bytes) {
+      throw checkpoint_error("cohort checkpoint: the replicated parts of " + where.string() +
+                             " hold " + std::to_string(total) + " bytes, the manifest says " +
+                             std::to_string(m.replicated_size) + " (at most max_file_bytes, " +
+                             std::to_string(options_.max_file_bytes) + ")");
+    }
+    const std::span<std::byte> joined = read_buffer_.take(static_cast<std::size_t>(total));
+    checkpoint::checksum sum;
+    std::size_t at = 0;
     for (const checkpoint::file_record& part : m.replicated) {
-      const std::vector<std::byte> bytes = read_checked(where, part);
-      v.replicated.insert(v.replicated.end(), bytes.begin(), bytes.end());
+      checkpoint::read_into(where / part.name,
+                            joined.subspan(at, static_cast<std::size_t>(part.size)), sum);
+      at += static_cast<std::size_t>(part.size);
     }
-    const std::uint64_t whole = checkpoint::checksum::of(v.replicated);
-    if (v.replicated.size() != m.replicated_size || whole != m.replicated_checksum) {
+    if (sum.value() != m.replicated_checksum) {
+      at = 0;
+      for (const checkpoint::file_record& part : m.replicated) {
+        check_sum(where / part.name, joined.subspan(at, static_cast<std::size_t>(part.size)),
+                  part.checksum);
+        at += static_cast<std::size_t>(part.size);
+      }
       throw checkpoint_error("cohort checkpoint: the replicated state of " + where.string() +
-                             " joined from its parts is " + std::to_string(v.replicated.size()) +
-                             " bytes with checksum " + checkpoint::to_hex(whole) +
-                             ", the manifest says " + std::to_string(m.replicated_size) +
-                             " bytes with " + checkpoint::to_hex(m.replicated_checksum));
+                             " joined from its parts has checksum " +
+                             checkpoint::to_hex(checkpoint::checksum::of(joined)) +
+                             ", the manifest says " + checkpoint::to_hex(m.replicated_checksum));
     }
+    v.replicated = joined;
+    v.root = read_checked(where, m.root.front());
     if (m.ranks == comm_.size()) {
       v.own = read_checked(where, m.per_rank[static_cast<std::size_t>(comm_.rank())]);
     }
     return v;
   }
 
-  // The file `record` names, if its size and checksum are the manifest's.
-  std::vector<std::byte> read_checked(const std::filesystem::path& where,
-                                      const checkpoint::file_record& record) const {
+  // Throws unless the file `record` names has the size the manifest gives it (and that size is
+  // one a checkpoint may have).
+  void require_size(const std::filesystem::path& where,
+                    const checkpoint::file_record& record) const {
     const std::filesystem::path path = where / record.name;
     if (record.size > options_.max_file_bytes) {
       throw checkpoint_error("cohort checkpoint: the manifest gives " + path.string() + " " +
@@ -462,13 +563,24 @@ private:
                              std::to_string(size) + " bytes, the manifest says " +
                              std::to_string(record.size) + " (truncated or replaced)");
     }
-    std::vector<std::byte> bytes = checkpoint::read_whole(path, record.size);
+  }
+
+  static void check_sum(const std::filesystem::path& path, std::span<const std::byte> bytes,
+                        std::uint64_t expected) {
     const std::uint64_t sum = checkpoint::checksum::of(bytes);
-    if (sum != record.checksum) {
+    if (sum != expected) {
       throw checkpoint_error("cohort checkpoint: " + path.string() + " has checksum " +
                              checkpoint::to_hex(sum) + ", the manifest says " +
-                             checkpoint::to_hex(record.checksum) + " (damaged or replaced)");
+                             checkpoint::to_hex(expected) + " (damaged or replaced)");
     }
+  }
+
+  // The file `record` names, if its size and checksum are the manifest's.
+  std::vector<std::byte> read_checked(const std::filesystem::path& where,
+                                      const checkpoint::file_record& record) const {
+    require_size(where, record);
+    std::vector<std::byte> bytes = checkpoint::read_whole(where / record.name, record.size);
+    check_sum(where / record.name, bytes, record.checksum);
     return bytes;
   }
 
@@ -518,6 +630,8 @@ private:
   checkpoint_options options_;
   std::vector<std::string> skipped_;
   std::unique_ptr<pending> pending_; // an asynchronous save in flight
+  std::array<buffer, 3> spare_;      // the copies of the last asynchronous save, to reuse
+  buffer read_buffer_;               // the joined replicated state of the last resume
 };
 
 } // namespace COHORT_ABI_NAMESPACE

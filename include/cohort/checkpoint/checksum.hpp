@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <span>
 #include <string>
+#include <vector>
 #include <xxhash.h>
 
 namespace cohort {
@@ -32,6 +33,14 @@ public:
   //! The checksum of `bytes` in one piece.
   static std::uint64_t of(std::span<const std::byte> bytes) {
     return XXH3_64bits(bytes.data(), bytes.size());
+  }
+  //! The checksum of bytes in pieces, as if they were one.
+  static std::uint64_t of(const std::vector<std::span<const std::byte>>& pieces) {
+    checksum sum;
+    for (const std::span<const std::byte> piece : pieces) {
+      sum.update(piece);
+    }
+    return sum.value();
   }
 
 private:

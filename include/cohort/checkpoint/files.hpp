@@ -177,6 +177,31 @@ inline std::vector<std::byte> read_whole(const std::filesystem::path& path, std:
   return bytes;
 }
 
+//! Reads `path`, which must hold exactly `into.size()` bytes, into `into`, and adds them to
+//! `sum` as they come: a megabyte at a time, checksummed while it is still in the cache, so that
+//! checking costs no pass over memory of its own.
+inline void read_into(const std::filesystem::path& path, std::span<std::byte> into, checksum& sum) {
+  constexpr std::size_t chunk = std::size_t{1} << 20;
+  detail::descriptor file(path, O_RDONLY);
+  std::size_t done = 0;
+  while (done < into.size()) {
+    const ::ssize_t n = ::read(file.get(), into.data() + done, std::min(chunk, into.size() - done));
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0) {
+      detail::fail("read", path, errno);
+    }
+    if (n == 0) {
+      throw checkpoint_error("cohort checkpoint: " + path.string() + " ended after " +
+                             std::to_string(done) + " of its " + std::to_string(into.size()) +
+                             " bytes (truncated while read)");
+    }
+    sum.update(into.subspan(done, static_cast<std::size_t>(n)));
+    done += static_cast<std::size_t>(n);
+  }
+}
+
 } // namespace checkpoint
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -11,6 +11,7 @@
 //   ranks 2
 //   replicated-state 8388608 5a0e...c2
 //   replicated 0 4194304 9f3c...e1 replicated-0-of-2
+//   root 0 36112 77a0...03 root-of-2
 //   per-rank 1 6672 0b1d...7a rank-1-of-2
 //   end
 //
@@ -37,8 +38,8 @@ namespace checkpoint {
 inline constexpr int format_version = 1;
 //! The manifest's name in a checkpoint's directory.
 inline constexpr std::string_view manifest_name = "MANIFEST";
-//! Most files a manifest lists: two per rank.
-inline constexpr std::size_t max_files = 2 * 65536;
+//! Most files a manifest lists: two per rank, and rank 0's.
+inline constexpr std::size_t max_files = 2 * 65536 + 1;
 
 struct manifest {
   std::uint64_t step = 0;
@@ -46,6 +47,7 @@ struct manifest {
   std::uint64_t replicated_size = 0;     //!< the replicated state's parts joined
   std::uint64_t replicated_checksum = 0; //!< and their XXH3-64
   std::vector<file_record> replicated;   //!< the parts of the replicated state, in order
+  std::vector<file_record> root;         //!< rank 0's state: one file
   std::vector<file_record> per_rank;     //!< each rank's own state, by rank
 
   //! The text written to the manifest's file.
@@ -64,6 +66,7 @@ struct manifest {
       }
     };
     lines("replicated", replicated);
+    lines("root", root);
     lines("per-rank", per_rank);
     out += "end\n";
     return out;
@@ -146,11 +149,13 @@ struct manifest {
         break;
       }
       const std::vector<std::string_view> w = words(line);
-      if (w.size() != 5 || (w[0] != "replicated" && w[0] != "per-rank")) {
-        fail("expected 'replicated|per-rank <index> <size> <checksum> <name>' or 'end'");
+      if (w.size() != 5 || (w[0] != "replicated" && w[0] != "root" && w[0] != "per-rank")) {
+        fail("expected 'replicated|root|per-rank <index> <size> <checksum> <name>' or 'end'");
       }
-      std::vector<file_record>& files = w[0] == "replicated" ? m.replicated : m.per_rank;
-      if (m.replicated.size() + m.per_rank.size() >= max_files) {
+      std::vector<file_record>& files = w[0] == "replicated" ? m.replicated
+                                        : w[0] == "root"     ? m.root
+                                                             : m.per_rank;
+      if (m.replicated.size() + m.root.size() + m.per_rank.size() >= max_files) {
         fail("more than " + std::to_string(max_files) + " files");
       }
       if (number(w[1], max_files) != files.size()) {
@@ -169,10 +174,11 @@ struct manifest {
       fail("text after 'end'");
     }
     if (m.per_rank.size() != static_cast<std::size_t>(m.ranks) ||
-        m.replicated.size() > static_cast<std::size_t>(m.ranks)) {
-      fail("lists " + std::to_string(m.per_rank.size()) + " per-rank files and " +
-           std::to_string(m.replicated.size()) + " replicated parts for " +
-           std::to_string(m.ranks) + " ranks");
+        m.replicated.size() != static_cast<std::size_t>(m.ranks) || m.root.size() != 1) {
+      fail("lists " + std::to_string(m.replicated.size()) + " replicated parts, " +
+           std::to_string(m.root.size()) + " root files and " + std::to_string(m.per_rank.size()) +
+           " per-rank files for " + std::to_string(m.ranks) +
+           " ranks (one of each per rank, one root file)");
     }
     return m;
   }

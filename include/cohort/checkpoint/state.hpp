@@ -3,7 +3,8 @@
 
 // What a checkpoint holds: a list of things, each through the customization point
 // `checkpoint_traits<T>`, which says whether the thing is the same on every rank (replicated:
-// written once, split across the ranks) or each rank's own (per rank: written by each), what
+// written once, split across the ranks; or root: rank 0's, written by rank 0) or each rank's own
+// (per rank: written by each), what
 // kind of thing it is (named in errors), and how it is written and read back. Given here:
 // parameter sets (their values), the standard random engines (per rank), `data_position` (the
 // epoch and the step within it), and any value Boost.Serialization can write, through
@@ -37,8 +38,17 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-//! Whether a thing is the same on every rank (written once) or each rank's own.
-enum class state_scope { replicated, per_rank };
+//! Whose a thing is, and so who writes it.
+enum class state_scope {
+  //! The same on every rank, byte for byte (parameters): written once, split in one part per
+  //! rank, each rank writing its part; the ranks' bytes are compared by checksum at every save.
+  replicated,
+  //! The same on every rank in meaning but not in bytes (LibTorch's optimizer state, keyed by
+  //! tensor addresses): rank 0's is written, by rank 0 alone, and every rank reads it.
+  root,
+  //! Each rank's own (random engines): written by each rank, read by the same rank.
+  per_rank
+};
 
 //! What a loader knows of the checkpoint it reads from.
 struct load_context {
@@ -82,7 +92,7 @@ struct checkpoint_traits<Params> {
       const const_tensor_view v = host_view(p, name);
       out.put_string(name);
       out.put<std::uint8_t>(static_cast<std::uint8_t>(v.type));
-      out.put_block({static_cast<const std::byte*>(v.data), v.size_bytes()});
+      out.put_block_borrowed({static_cast<const std::byte*>(v.data), v.size_bytes()});
     }
   }
 

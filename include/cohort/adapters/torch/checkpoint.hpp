@@ -10,7 +10,8 @@
 // CPU or any device (copied through host memory). `optimizer_state`: the optimizer's state and
 // its groups' options through LibTorch's own serialization, matched by parameter name as
 // broadcast_optimizer_state matches them, so that a checkpoint resumes into a new process (whose
-// tensors are at other addresses). Both are replicated: written once, split across the ranks.
+// tensors are at other addresses). The module's state is replicated (written once, split across
+// the ranks, compared between them); the optimizer's is rank 0's (written by rank 0).
 
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
@@ -74,7 +75,13 @@ struct checkpoint_traits<torch::module_state_ref> {
       for (const std::int64_t extent : host.sizes()) {
         out.put<std::int64_t>(extent);
       }
-      out.put_block({static_cast<const std::byte*>(host.data_ptr()), host.nbytes()});
+      const std::span<const std::byte> bytes{static_cast<const std::byte*>(host.data_ptr()),
+                                             host.nbytes()};
+      if (host.data_ptr() == p.value.data_ptr()) {
+        out.put_block_borrowed(bytes); // the module's own CPU tensor: not copied
+      } else {
+        out.put_block(bytes); // a copy from the device, gone after this line
+      }
     }
   }
 
@@ -129,7 +136,9 @@ struct checkpoint_traits<torch::module_state_ref> {
 
 template <>
 struct checkpoint_traits<torch::optimizer_state_ref> {
-  static constexpr state_scope scope = state_scope::replicated;
+  // LibTorch's archive of the state keys it by tensor address (1.13) and stamps it (2.x): the
+  // ranks' bytes differ where their meaning does not, so rank 0's is written.
+  static constexpr state_scope scope = state_scope::root;
   static constexpr std::string_view kind = "torch optimizer state";
 
   static void save(checkpoint::byte_writer& out, const torch::optimizer_state_ref& state) {
