@@ -2,10 +2,15 @@
 #define BOOST_TEST_MODULE adapters.torch
 #include <cohort/adapters/torch.hpp>
 #include <cohort/cohort.hpp>
+#if __has_include(<xxhash.h>)
+#include <cohort/adapters/torch/checkpoint.hpp>
+#include <cohort/checkpoint.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -13,6 +18,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 #include <type_traits>
+#include <unistd.h>
 #include <vector>
 
 #include "support/expect.hpp"
@@ -536,3 +542,62 @@ BOOST_AUTO_TEST_CASE(the_hooks_go_with_the_optimizer) {
   torch::mse_loss(m->forward(torch::ones({1, 8})), torch::zeros({1, 4})).backward();
   BOOST_TEST(m->fc1->weight.grad().defined());
 }
+
+#if __has_include(<xxhash.h>)
+// A checkpoint of the module and of the optimizer's state, resumed into another module and
+// optimizer (other weights, other Adam moments, tensors at other addresses), steps on exactly as
+// the run that was not interrupted: bit for bit.
+BOOST_AUTO_TEST_CASE(a_checkpoint_resumes_module_and_optimizer_bit_for_bit) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  std::string dir;
+  if (comm.rank() == 0) {
+    dir = (std::filesystem::temp_directory_path() /
+           ("cohort-torch-ckpt-" + std::to_string(::getpid())))
+              .string();
+    std::filesystem::remove_all(dir);
+  }
+  dir = comm.bcast_obj(dir);
+  const int n = comm.size();
+  const auto train = [&](net& m, auto& opt, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      at::Generator generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(step));
+      const torch::Tensor x = torch::randn({4 * n, 8}, generator);
+      const torch::Tensor y = torch::randn({4 * n, 4}, generator);
+      opt.zero_grad();
+      torch::mse_loss(m->forward(x.slice(0, 4 * comm.rank(), 4 * (comm.rank() + 1))),
+                      y.slice(0, 4 * comm.rank(), 4 * (comm.rank() + 1)))
+          .backward();
+      opt.step();
+    }
+  };
+  cohort::checkpointer ckpt{comm, dir};
+  net whole = model_seeded(10);
+  cohort::torch::distributed_optimizer whole_opt{adam(whole->parameters()), comm, *whole};
+  train(whole, whole_opt, 0, 3);
+  ckpt.save(3, cohort::torch::module_state(*whole),
+            cohort::torch::optimizer_state(whole_opt.inner(), *whole));
+  train(whole, whole_opt, 3, 6);
+
+  net resumed = model_seeded(20);
+  cohort::torch::distributed_optimizer resumed_opt{adam(resumed->parameters()), comm, *resumed};
+  train(resumed, resumed_opt, 0, 1); // moments of its own, which resume replaces
+  const auto step = ckpt.resume(cohort::torch::module_state(*resumed),
+                                cohort::torch::optimizer_state(resumed_opt.inner(), *resumed));
+  BOOST_TEST(step.value_or(0) == 3u);
+  train(resumed, resumed_opt, 3, 6);
+  for (std::size_t i = 0; i < whole->parameters().size(); ++i) {
+    BOOST_TEST(torch::equal(whole->parameters()[i], resumed->parameters()[i]));
+  }
+  // A module of another shape is refused by name.
+  torch::nn::Linear other(8, 5);
+  BOOST_CHECK_EXCEPTION(ckpt.resume(cohort::torch::module_state(*other),
+                                    cohort::torch::optimizer_state(resumed_opt.inner(), *other)),
+                        cohort::checkpoint_error,
+                        message_has({"the module", "was saved with 4 parameters and buffers",
+                                     "the one given has 2"}));
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+}
+#endif

@@ -12,6 +12,7 @@
 #include <boost/serialization/vector.hpp>
 #include <boost/test/unit_test.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -331,7 +332,9 @@ BOOST_AUTO_TEST_CASE(a_hostile_manifest_is_an_error_naming_its_line) {
   using cohort::checkpoint::manifest;
   const std::string head = "cohort checkpoint 1\nbyte-order 1\nstep 4\nranks 1\n"
                            "replicated-state 0 0000000000000000\n";
-  const std::string file = "per-rank 0 10 00000000000000ff rank-0-of-1\n";
+  const std::string file = "replicated 0 10 00000000000000ff replicated-0-of-1\n"
+                           "root 0 10 00000000000000ff root-of-1\n"
+                           "per-rank 0 10 00000000000000ff rank-0-of-1\n";
   BOOST_TEST(manifest::parse(head + file + "end\n", "m").per_rank.size() == 1u);
   const std::pair<std::string, std::string> bad[] = {
       {"not a manifest\n", "line 1"},
@@ -341,6 +344,7 @@ BOOST_AUTO_TEST_CASE(a_hostile_manifest_is_an_error_naming_its_line) {
       {head + "per-rank 0 99999999999999999999999 00000000000000ff r\nend\n", "not a number"},
       {"cohort checkpoint 1\nbyte-order 1\nstep 4\nranks 99999999\n", "not a number up to"},
       {head + "end\n", "0 per-rank files"},
+      {head + "replicated 0 10 00000000000000ff replicated-0-of-1\nend\n", "0 root files"},
       {head + file + "end\nmore\n", "after 'end'"},
       {head + "per-rank 5 10 00000000000000ff rank-0-of-1\nend\n", "out of order"},
   };
@@ -355,10 +359,82 @@ BOOST_AUTO_TEST_CASE(a_hostile_manifest_is_an_error_naming_its_line) {
 BOOST_AUTO_TEST_CASE(every_length_is_checked_before_it_is_used) {
   cohort::checkpoint::byte_writer out;
   out.put<std::uint64_t>(std::uint64_t{1} << 62); // a length of 4 EiB, and no bytes
-  cohort::checkpoint::byte_reader in(out.bytes(), "test");
+  const std::vector<std::byte> bytes = out.contiguous();
+  cohort::checkpoint::byte_reader in(bytes, "test");
   BOOST_CHECK_EXCEPTION((void)in.get_block("a block"), cohort::checkpoint_error,
                         message_has({"test: a block needs 4611686018427387904 bytes but 0"}));
-  cohort::checkpoint::byte_reader again(out.bytes(), "test");
+  cohort::checkpoint::byte_reader again(bytes, "test");
   BOOST_CHECK_EXCEPTION((void)again.get_string("a name"), cohort::checkpoint_error,
                         message_has({"more than 4096"}));
+}
+
+BOOST_AUTO_TEST_CASE(async_saves_copy_the_state_and_complete_at_the_next_call) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "async");
+  const fs::path& dir = scratch.path();
+  trainer_state s(comm.rank(), 1);
+  {
+    cohort::checkpointer ckpt{comm, dir, {.async = true}};
+    s.save(ckpt, 1);
+    const trainer_state at_1 = s;
+    s.advance(); // training goes on while the files are written
+    // Not complete until the ranks have agreed: no manifest yet.
+    BOOST_TEST(ckpt.complete_steps().empty());
+    s.save(ckpt, 2); // completes step 1
+    BOOST_TEST(every_rank(comm, ckpt.complete_steps().size() == 1));
+    ckpt.finish();
+    trainer_state resumed(comm.rank(), 0);
+    BOOST_TEST(resumed.resume(ckpt).value_or(0) == 2u);
+    BOOST_TEST(resumed.same_as(s));
+    // And step 1 holds the state as it was when save returned, not as training left it.
+    trainer_state first(comm.rank(), 0);
+    on_root(comm, [&] { fs::remove(part(dir, 2, "MANIFEST")); });
+    BOOST_TEST(first.resume(ckpt).value_or(0) == 1u);
+    BOOST_TEST(first.same_as(at_1));
+    s.advance();
+    s.save(ckpt, 3); // left to the destructor
+  }
+  cohort::checkpointer ckpt{comm, dir};
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 3u);
+  BOOST_TEST(resumed.same_as(s));
+}
+
+BOOST_AUTO_TEST_CASE(an_async_save_that_failed_throws_at_the_next_call) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "async-full");
+  std::atomic<bool> failing = false; // read on the writer thread
+  cohort::checkpoint_options options{.async = true};
+  options.write = [&](int fd, const void* data, std::size_t bytes) -> ::ssize_t {
+    if (comm.rank() == 0 && failing) {
+      errno = EIO;
+      return -1;
+    }
+    return ::write(fd, data, bytes);
+  };
+  cohort::checkpointer ckpt{comm, scratch.path(), options};
+  trainer_state s(comm.rank(), 1);
+  s.save(ckpt, 1);
+  ckpt.finish();
+  failing = true;
+  s.advance();
+  s.save(ckpt, 2); // returns: rank 0's writer thread fails
+  BOOST_CHECK_EXCEPTION(ckpt.finish(), cohort::checkpoint_error,
+                        message_has({"saving step 2", "rank 0", "Input/output error"}));
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(replicas_that_differ_are_an_error_not_a_checkpoint) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() == 1) {
+    return; // one replica cannot differ
+  }
+  const fresh_directory scratch(comm, "differ");
+  cohort::checkpointer ckpt{comm, scratch.path()};
+  trainer_state s(comm.rank(), comm.rank() == 1 ? 2.0f : 1.0f);
+  BOOST_CHECK_EXCEPTION(s.save(ckpt, 1), cohort::checkpoint_error,
+                        message_has({"rank 1: its replicated state", "differs from rank 0's",
+                                     "the replicas are not identical"}));
+  BOOST_TEST(ckpt.complete_steps().empty());
 }

@@ -2,15 +2,17 @@
 # SPDX-License-Identifier: Apache-2.0
 # Checkpoints against SIGKILL, in real jobs under mpirun, each bounded in time:
 #
-#   kill.sh job MPIEXEC RANKS MNIST_MLP WORK
-#     mnist_mlp run whole, then the same run with checkpoints killed (SIGKILL to every process
-#     of the job) once a few are complete, then started again with the same command: it must
-#     resume and end with the very weights of the whole run (bit for bit).
+#   kill.sh job MPIEXEC RANKS EXAMPLE WORK [ARGS...]
+#     an example (mnist_mlp, torch_mnist) run whole with ARGS (150 steps), then the same run with
+#     checkpoints killed (SIGKILL to every process of the job) once one of step 20 or later is
+#     complete, then started again with the same command: it must resume and end with the very
+#     weights of the whole run (bit for bit).
 #   kill.sh rank MPIEXEC RANKS DIE_IN_SAVE WORK
 #     one rank killed in the middle of writing a checkpoint: the job ends (not hangs), and the
 #     next job resumes the checkpoint before, saying that it ignored the unfinished one.
 set -euo pipefail
 mode=$1 mpiexec=$2 ranks=$3 program=$4 work=$5
+shift 5
 rm -rf "$work"
 mkdir -p "$work"
 fail() { echo "kill.sh: $*" >&2; exit 1; }
@@ -18,7 +20,7 @@ fail() { echo "kill.sh: $*" >&2; exit 1; }
 bounded() { local limit=$1; shift; timeout --kill-after=5 "$limit" "$@"; }
 
 if [ "$mode" = job ]; then
-  args=(--epochs 3 --hidden 128 --train-size 3000 --test-size 300 --global-batch 60)
+  args=("$@")
   bounded 120 "$mpiexec" -n "$ranks" "$program" "${args[@]}" >"$work/whole.txt"
   whole=$(grep "final weights" "$work/whole.txt") || fail "the whole run printed no weights"
 

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+// libFuzzer target for what cohort reads from a checkpoint: the manifest's text, and the state's
+// bytes loaded into parameters, a random engine and a data position. Whatever the bytes, the
+// loader must end in a `checkpoint_error` or in success: never a crash, a leak, a sanitizer
+// report, or an allocation the bytes did not pay for. (Boost.Serialization values are Boost's
+// format and are left out: see the README.) Built and run by tools/fuzz.sh.
+//
+// Input: the first byte picks what is read; the rest is the manifest's text, or the replicated
+// state's bytes, or both scopes (a 4-byte length of the replicated part first).
+#include <cohort/checkpoint/manifest.hpp>
+#include <cohort/checkpoint/state_io.hpp>
+#include <cohort/tensor/std.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using param = cohort::parameter_ref<std::vector<float>>;
+
+struct state {
+  std::vector<float> w = std::vector<float>(6, 0.5f);
+  std::vector<float> gw = std::vector<float>(6);
+  std::vector<double> b = std::vector<double>(2, 1.0);
+  std::vector<double> gb = std::vector<double>(2);
+  std::vector<param> ws{{"w", &w, &gw}};
+  std::vector<cohort::parameter_ref<std::vector<double>>> bs{{"b", &b, &gb}};
+  std::mt19937 engine{7};
+  cohort::data_position position;
+};
+
+// An empty state of rank 0's: the fuzzer's bytes go to the other scopes.
+const std::vector<std::byte> no_root =
+    cohort::checkpoint::serialize<cohort::state_scope::root>(3).contiguous();
+
+void load(std::span<const std::byte> replicated, std::optional<std::span<const std::byte>> own) {
+  state s;
+  try {
+    cohort::checkpoint::deserialize(replicated, no_root, own, "fuzz", 3, {2, 2, 1}, s.ws, s.engine,
+                                    s.position, s.bs);
+  } catch (const cohort::checkpoint_error&) {
+  }
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) {
+    return 0;
+  }
+  const auto bytes = std::as_bytes(std::span(data + 1, size - 1));
+  switch (data[0] % 3) {
+  case 0:
+    try {
+      (void)cohort::checkpoint::manifest::parse(
+          std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "fuzz");
+    } catch (const cohort::checkpoint_error&) {
+    }
+    break;
+  case 1:
+    load(bytes, std::nullopt);
+    break;
+  default: {
+    std::uint32_t split = 0;
+    if (bytes.size() >= sizeof split) {
+      std::memcpy(&split, bytes.data(), sizeof split);
+    }
+    const auto rest = bytes.subspan(std::min(bytes.size(), sizeof split));
+    const std::size_t at = std::min<std::size_t>(split, rest.size());
+    load(rest.first(at), rest.subspan(at));
+  }
+  }
+  return 0;
+}
+
+#if defined(COHORT_FUZZ_SEEDS)
+// Writes a valid input of each kind into the directory argv[1]: the corpus the fuzzer starts
+// from, so that it mutates real manifests and states rather than finding their shape alone.
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    return 2;
+  }
+  auto write = [&](const char* name, std::uint8_t kind, std::span<const std::byte> a,
+                   std::optional<std::span<const std::byte>> b) {
+    std::FILE* f = std::fopen((std::string(argv[1]) + "/" + name).c_str(), "wb");
+    std::fputc(kind, f);
+    if (b) {
+      const auto split = static_cast<std::uint32_t>(a.size());
+      std::fwrite(&split, sizeof split, 1, f);
+    }
+    std::fwrite(a.data(), 1, a.size(), f);
+    if (b) {
+      std::fwrite(b->data(), 1, b->size(), f);
+    }
+    std::fclose(f);
+  };
+  cohort::checkpoint::manifest m;
+  m.step = 3;
+  m.ranks = 2;
+  m.replicated = {{"replicated-0-of-2", 10, 0x1234}, {"replicated-1-of-2", 11, 0xabcd}};
+  m.root = {{"root-of-2", 12, 0x4321}};
+  m.per_rank = {{"rank-0-of-2", 5, 0x99}, {"rank-1-of-2", 6, 0x77}};
+  const std::string text = m.text();
+  write("manifest", 0, std::as_bytes(std::span(text.data(), text.size())), std::nullopt);
+  state s;
+  using cohort::state_scope;
+  const auto shared =
+      cohort::checkpoint::serialize<state_scope::replicated>(3, s.ws, s.engine, s.position, s.bs)
+          .contiguous();
+  const auto own =
+      cohort::checkpoint::serialize<state_scope::per_rank>(3, s.ws, s.engine, s.position, s.bs)
+          .contiguous();
+  write("replicated", 1, shared, std::nullopt);
+  write("both", 2, shared, std::span<const std::byte>(own));
+  return 0;
+}
+#endif

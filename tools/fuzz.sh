@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Fuzzes what cohort reads from a checkpoint (test/fuzz/checkpoint_loader.cpp) with clang's
+# libFuzzer under AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer, from a
+# corpus of valid inputs it writes first. Any crash, leak, sanitizer report, or single allocation
+# over 64 MB (the inputs are at most 4 KB: such an allocation is one the bytes did not pay for)
+# fails the run. CI runs a short one; before a release, run a million or more.
+#
+#   tools/fuzz.sh [--runs N] [--work DIR]     (defaults: 100000, /tmp/cohort-fuzz)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+runs=100000
+work=/tmp/cohort-fuzz
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    *) sed -n '3,9p' "${BASH_SOURCE[0]}"; exit 2 ;;
+  esac
+done
+clang=${COHORT_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
+source=$root/test/fuzz/checkpoint_loader.cpp
+flags=(-std=c++20 -g -O1 -I"$root/include" -Wall -Wextra -Werror)
+mkdir -p "$work/corpus"
+
+"$clang" "${flags[@]}" -DCOHORT_FUZZ_SEEDS "$source" -o "$work/seeds"
+"$work/seeds" "$work/corpus"
+"$clang" "${flags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+  "$source" -o "$work/checkpoint_loader"
+# One process, as many runs as asked: libFuzzer prints its statistics and stops at the first
+# finding with a non-zero exit code (and the input that found it in $work).
+(cd "$work" && ./checkpoint_loader -runs="$runs" -malloc_limit_mb=64 -rss_limit_mb=2048 \
+  -max_len=4096 -print_final_stats=1 corpus)
