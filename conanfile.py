@@ -20,13 +20,15 @@ class CohortConan(ConanFile):
     # The components a consumer may ask for. The headers and the CMake package are the same
     # either way (CUDA and NCCL are found on the consumer's machine, as CMake's components do):
     # these options only say which components the package declares.
-    # with_eigen requires Eigen (ConanCenter's, or the system's through [platform_requires]);
+    # with_eigen requires Eigen and with_checkpoint xxHash (ConanCenter's, or the system's through
+    # [platform_requires]);
     # with_torch declares cohort::torch over the LibTorch that cohort's CMake package finds on the
     # consumer's machine (Torch_DIR): LibTorch is not on ConanCenter.
     options = {"with_cuda": [True, False], "with_nccl": [True, False],
-               "with_eigen": [True, False], "with_torch": [True, False]}
+               "with_eigen": [True, False], "with_torch": [True, False],
+               "with_checkpoint": [True, False]}
     default_options = {"with_cuda": False, "with_nccl": False, "with_eigen": False,
-                       "with_torch": False}
+                       "with_torch": False, "with_checkpoint": False}
     exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
 
     def config_options(self):
@@ -46,6 +48,8 @@ class CohortConan(ConanFile):
         self.requires("openmpi/[>=4.1]", transitive_headers=True)
         if self.options.with_eigen:
             self.requires("eigen/[>=3.4]", transitive_headers=True)
+        if self.options.with_checkpoint:
+            self.requires("xxhash/[>=0.8]", transitive_headers=True)
 
     def package_id(self):
         self.info.clear()
@@ -61,6 +65,7 @@ class CohortConan(ConanFile):
         toolchain.cache_variables["COHORT_WITH_CUDA"] = bool(self.options.with_cuda)
         toolchain.cache_variables["COHORT_WITH_EIGEN"] = bool(self.options.with_eigen)
         toolchain.cache_variables["COHORT_WITH_TORCH"] = bool(self.options.with_torch)
+        toolchain.cache_variables["COHORT_WITH_CHECKPOINT"] = bool(self.options.with_checkpoint)
         toolchain.cache_variables["CMAKE_INSTALL_DATADIR"] = "share"
         toolchain.generate()
 
@@ -108,6 +113,12 @@ class CohortConan(ConanFile):
             eigen.requires = ["cohort", "eigen::eigen"]
             eigen.bindirs = []
             eigen.libdirs = []
+        if self.options.with_checkpoint:
+            checkpoint = self.cpp_info.components["checkpoint"]
+            checkpoint.set_property("cmake_target_name", "cohort::checkpoint")
+            checkpoint.requires = ["cohort", "xxhash::xxhash"]
+            checkpoint.bindirs = []
+            checkpoint.libdirs = []
         if self.options.with_torch:
             torch = self.cpp_info.components["torch"]
             torch.set_property("cmake_target_name", "cohort::torch")

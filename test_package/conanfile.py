@@ -19,7 +19,8 @@ class CohortTestConan(ConanFile):
     def build(self):
         cmake = CMake(self)
         options = self.dependencies["cohort"].options
-        components = [name for name in ("eigen", "torch") if options.get_safe(f"with_{name}")]
+        components = [name for name in ("eigen", "torch", "checkpoint")
+                      if options.get_safe(f"with_{name}")]
         cmake.configure(variables={"COHORT_COMPONENTS": ";".join(components)})
         cmake.build()
 

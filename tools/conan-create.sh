@@ -21,6 +21,7 @@ boost_version=$(sed -n 's/^#define BOOST_LIB_VERSION "\([0-9_]*\)"/\1/p' /usr/in
                 tr _ .)
 mpi_version=$(mpirun --version | sed -n 's/.*Open MPI[^0-9]*\([0-9][0-9.]*\).*/\1/p' | head -n 1)
 eigen_version=$(pkg-config --modversion eigen3)
+xxhash_version=$(pkg-config --modversion libxxhash)
 # A three-part version, as Conan's ranges compare them.
 [ "$(echo "$boost_version" | tr -cd . | wc -c)" -ge 2 ] || boost_version="$boost_version.0"
 cat > "$work/system-profile" <<PROFILE
@@ -31,9 +32,10 @@ compiler.cppstd=20
 boost/$boost_version
 openmpi/$mpi_version
 eigen/$eigen_version
+xxhash/$xxhash_version
 PROFILE
 
-# With the Eigen adapter (Debian's Eigen, declared above), so that test_package builds against
-# cohort::eigen too.
+# With the Eigen adapter and checkpoints (Debian's Eigen and xxHash, declared above), so that
+# test_package builds against cohort::eigen and cohort::checkpoint too.
 "$conan" create "$root" --profile:all "$work/system-profile" --build=missing --no-remote \
-  -o "cohort/*:with_eigen=True"
+  -o "cohort/*:with_eigen=True" -o "cohort/*:with_checkpoint=True"

@@ -5,11 +5,12 @@
 #
 #   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
 #   tools/dev.sh test      build and run the whole test suite (what CI runs first)
-#   tools/dev.sh sanitize [thread|address]...
+#   tools/dev.sh sanitize [thread|address|fuzz]...
 #                          build the multi-rank suites with ThreadSanitizer, then with
 #                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
-#                          mpirun (what CI runs next); suppressions for Open MPI in test/sanitizers
-#   tools/dev.sh bench [allreduce|grad_sync|overlap] [options]
+#                          mpirun, then fuzz the checkpoint loader (tools/fuzz.sh) (what CI runs
+#                          next); suppressions for Open MPI in test/sanitizers
+#   tools/dev.sh bench [allreduce|grad_sync|overlap|checkpoint] [options]
 #                          build and run a benchmark (default allreduce) on 2 ranks
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
@@ -18,9 +19,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
 
-# libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested.
+# libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested,
+# libxxhash-dev for checkpoints, clang-14 and its libFuzzer runtime to fuzz their loader.
 packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
-          libboost-serialization-dev libeigen3-dev libtorch-dev)
+          libboost-serialization-dev libeigen3-dev libtorch-dev libxxhash-dev clang-14
+          libclang-rt-14-dev)
 
 deps() {
   local missing=()
@@ -72,7 +75,7 @@ case "${1:-}" in
     deps
     mpi_environment
     kinds=("$@")
-    [ ${#kinds[@]} -eq 0 ] && kinds=(thread address)
+    [ ${#kinds[@]} -eq 0 ] && kinds=(thread address fuzz)
     # The multi-rank suites (and the one unit test ctest's pattern below takes with them).
     targets=(test_transport_mpi test_algorithm_ring test_communicator_collectives
              test_communicator_bucket_plan test_communicator_allreduce_grad
@@ -80,7 +83,8 @@ case "${1:-}" in
              test_communicator_any_communicator
              test_communicator_topology test_communicator_failure
              test_training_distributed_optimizer test_training_scatter_dataset
-             test_training_evaluator test_adapters_eigen test_adapters_torch)
+             test_training_evaluator test_adapters_eigen test_adapters_torch
+             test_checkpoint_checkpointer test_checkpoint_die_in_save)
     supp="$root/test/sanitizers"
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 exitcode=66 second_deadlock_stack=1"
     # Full stacks for the leak check, so that Open MPI's allocations are told apart by library
@@ -92,9 +96,13 @@ case "${1:-}" in
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=66"
     for kind in "${kinds[@]}"; do
       case "$kind" in
+        fuzz)
+          "$root/tools/fuzz.sh" --runs "${COHORT_FUZZ_RUNS:-300000}"
+          continue
+          ;;
         thread) flags="-fsanitize=thread" ;;
         address) flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined" ;;
-        *) echo "unknown sanitizer '$kind' (thread or address)"; exit 2 ;;
+        *) echo "unknown sanitizer '$kind' (thread, address or fuzz)"; exit 2 ;;
       esac
       dir="$root/build-$kind"
       cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCOHORT_BUILD_TESTS=ON \
@@ -103,19 +111,24 @@ case "${1:-}" in
         "-DCMAKE_EXE_LINKER_FLAGS=$flags"
       cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
       (cd "$dir" && ctest --output-on-failure -j 2 --timeout 600 \
-        -R '^(transport|algorithm|communicator|training|adapters)\.')
+        -R '^(transport|algorithm|communicator|training|adapters|checkpoint)\.')
     done
     ;;
   bench)
     shift
     benchmark=allreduce
     case "${1:-}" in
-      allreduce | grad_sync | overlap)
+      allreduce | grad_sync | overlap | checkpoint)
         benchmark=$1
         shift
         ;;
     esac
     deps
+    if [ "$benchmark" = checkpoint ]; then
+      configure_and_build --target bench_checkpoint
+      mpi_environment
+      exec "$root/bench/checkpoint.sh" --build "$build" "$@"
+    fi
     configure_and_build --target "bench_$benchmark"
     mpi_environment
     mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"

@@ -13,6 +13,12 @@
 
 #include <cohort/adapters/torch.hpp>
 #include <cohort/cohort.hpp>
+// Checkpoints need xxHash's header (cohort::checkpoint); without it --checkpoint is refused.
+#if __has_include(<xxhash.h>)
+#include <cohort/adapters/torch/checkpoint.hpp>
+#include <cohort/checkpoint.hpp>
+#define TORCH_MNIST_CHECKPOINTS 1
+#endif
 
 #include <boost/mpi/environment.hpp>
 
@@ -104,6 +110,10 @@ constexpr std::string_view usage = R"(usage: torch_mnist [options]
   --test-size N      test examples (synthetic: default 1000; MNIST: at most N)
   --seed S           seeds the data, the weights and the shuffling (default 1)
   --no-overlap       reduce at step() instead of while backward runs
+  --checkpoint DIR   resume from the newest checkpoint in DIR if there is one (the module, the
+                     optimizer's momentum, the position in the data), and save one every
+                     --checkpoint-every steps
+  --checkpoint-every N  steps between checkpoints (default 50)
   --help             print this and exit
 )";
 
@@ -120,6 +130,8 @@ struct options {
   std::optional<std::size_t> test_size;
   std::uint64_t seed = 1;
   bool overlap = true;
+  std::string checkpoint_dir;
+  std::uint64_t checkpoint_every = 50;
   bool help = false;
 };
 
@@ -153,6 +165,17 @@ options parse_options(int argc, char** argv) {
       o.seed = parse_value<std::uint64_t>(flag, value());
     } else if (flag == "--no-overlap") {
       o.overlap = false;
+    } else if (flag == "--checkpoint") {
+#if defined(TORCH_MNIST_CHECKPOINTS)
+      o.checkpoint_dir = value();
+#else
+      throw usage_error("--checkpoint: built without xxHash, cohort cannot checkpoint");
+#endif
+    } else if (flag == "--checkpoint-every") {
+      o.checkpoint_every = parse_value<std::uint64_t>(flag, value());
+      if (o.checkpoint_every < 1) {
+        throw usage_error("--checkpoint-every must be at least 1");
+      }
     } else {
       throw usage_error("unknown option '" + std::string(flag) + "'");
     }
@@ -212,12 +235,38 @@ int train(const options& o, cohort::flat& comm) {
     std::fflush(stdout);
   }
 
+  // Where training is: the step over the whole run, and the epoch and the step within it.
+  std::uint64_t step = 0;
+  std::uint64_t epoch_begin = 0;
+  std::uint64_t steps_done_in_epoch = 0;
+#if defined(TORCH_MNIST_CHECKPOINTS)
+  std::optional<cohort::checkpointer<cohort::flat>> checkpoints;
+  cohort::data_position position;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(comm, o.checkpoint_dir);
+    if (const auto resumed =
+            checkpoints->resume(cohort::torch::module_state(*model),
+                                cohort::torch::optimizer_state(opt.inner(), *model), position)) {
+      step = *resumed;
+      epoch_begin = position.epoch;
+      steps_done_in_epoch = position.step;
+      if (report) {
+        std::printf("resumed from step %llu (epoch %llu, after %llu of its steps)\n",
+                    static_cast<unsigned long long>(step),
+                    static_cast<unsigned long long>(position.epoch + 1),
+                    static_cast<unsigned long long>(position.step));
+      }
+    }
+  }
+#endif
+
   const auto start = std::chrono::steady_clock::now();
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  for (auto epoch = static_cast<int>(epoch_begin); epoch < o.epochs; ++epoch) {
     train_shard.set_epoch(static_cast<std::uint64_t>(epoch));
     model->train();
     cohort::local_metrics metrics;
-    for (std::size_t begin = 0; begin + local_batch <= train_shard.size(); begin += local_batch) {
+    for (std::size_t begin = steps_done_in_epoch * local_batch;
+         begin + local_batch <= train_shard.size(); begin += local_batch) {
       const auto [images, labels] = batch_of(train_shard, begin, begin + local_batch);
       opt.zero_grad();
       const torch::Tensor logits = model->forward(images);
@@ -228,7 +277,16 @@ int train(const options& o, cohort::flat& comm) {
       metrics.add("loss", loss.item<double>(), n);
       metrics.add("accuracy", logits.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>(),
                   n);
+      ++step;
+#if defined(TORCH_MNIST_CHECKPOINTS)
+      if (checkpoints && step % o.checkpoint_every == 0) {
+        position = {static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
+        checkpoints->save(step, cohort::torch::module_state(*model),
+                          cohort::torch::optimizer_state(opt.inner(), *model), position);
+      }
+#endif
     }
+    steps_done_in_epoch = 0;
     // cohort change 4/4: metrics averaged over every rank's examples, exactly.
     const auto global = cohort::allreduce_mean(comm, metrics);
     if (report) {
@@ -256,6 +314,17 @@ int train(const options& o, cohort::flat& comm) {
   if (report) {
     std::printf("training took %.2f s; test loss %.4f\n", seconds.count(), test.at("loss"));
     std::printf("test accuracy: %.4f\n", test.at("accuracy"));
+#if defined(TORCH_MNIST_CHECKPOINTS)
+    // What a resumed run must end with, bit for bit, to be the run that was not interrupted.
+    cohort::checkpoint::checksum weights;
+    for (const at::Tensor& p : model->parameters()) {
+      const at::Tensor c = p.detach().contiguous();
+      weights.update({static_cast<const std::byte*>(c.data_ptr()), c.nbytes()});
+    }
+    std::printf("final weights: XXH3 %s after %llu steps\n",
+                cohort::checkpoint::to_hex(weights.value()).c_str(),
+                static_cast<unsigned long long>(step));
+#endif
     std::fflush(stdout);
   }
   return 0;

@@ -55,7 +55,7 @@ if(NOT "cuda" IN_LIST cuda_names OR NOT "nccl" IN_LIST nccl_names OR
 endif()
 
 # The adapters' features name the vcpkg ports of their libraries.
-foreach(feature IN ITEMS eigen:eigen3 torch:libtorch)
+foreach(feature IN ITEMS eigen:eigen3 torch:libtorch checkpoint:xxhash)
   string(REPLACE ":" ";" pair ${feature})
   list(GET pair 0 feature_name)
   list(GET pair 1 port_name)

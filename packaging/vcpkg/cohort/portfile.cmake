@@ -12,6 +12,7 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
     cuda COHORT_WITH_CUDA
     eigen COHORT_WITH_EIGEN
     torch COHORT_WITH_TORCH
+    checkpoint COHORT_WITH_CHECKPOINT
 )
 
 vcpkg_cmake_configure(

@@ -10,10 +10,17 @@
 #if defined(CONSUMER_WITH_TORCH)
 #include <cohort/adapters/torch.hpp>
 #endif
+#if defined(CONSUMER_WITH_CHECKPOINT)
+#include <cohort/checkpoint.hpp>
+
+#include <filesystem>
+#include <string>
+#endif
 
 #include <boost/mpi/environment.hpp>
 
 #include <cstdio>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -61,6 +68,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "consumer: rank %d got %f, expected %f\n", comm.rank(), w[0], expected);
     return 1;
   }
+#if defined(CONSUMER_WITH_CHECKPOINT)
+  {
+    const std::string dir = comm.bcast_obj(
+        (std::filesystem::temp_directory_path() / ("consumer-ckpt-" + std::to_string(::getpid())))
+            .string());
+    cohort::checkpointer ckpt{comm, dir};
+    ckpt.save(1, params);
+    w.assign(4, 0.0f);
+    if (ckpt.resume(params) != 1u || w[0] != expected) {
+      std::fprintf(stderr, "consumer: rank %d: the checkpoint did not resume\n", comm.rank());
+      return 1;
+    }
+    comm.barrier();
+    if (comm.rank() == 0) {
+      std::filesystem::remove_all(dir);
+    }
+  }
+#endif
   if (comm.rank() == 0) {
     std::printf("consumer ok: %d ranks\n", comm.size());
   }
