@@ -236,11 +236,16 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_skipped_alike_on_every_rank) {
                           "truncated"})(cohort::error(why)));
   BOOST_TEST(message_has({"step 4 skipped", "is missing"})(cohort::error(why)));
   BOOST_TEST(message_has({"step 3 skipped", "rank-0-of-" + n, "has checksum"})(cohort::error(why)));
+  // The later ones are set aside, kept for a person to look at: the run goes on from step 2, and
+  // its next saves are the newest checkpoints.
+  const std::vector<std::uint64_t> left{2, 1};
+  BOOST_TEST(every_rank(comm, ckpt.complete_steps() == left));
+  BOOST_TEST(fs::exists(dir / ("set-aside-" + ckpt.step_name(6))));
   // Without its manifest a checkpoint does not exist; a manifest of another step is refused.
   on_root(comm, [&] {
     fs::remove(part(dir, 2, "MANIFEST"));
-    fs::copy_file(part(dir, 1, "MANIFEST"), part(dir, 6, "MANIFEST"),
-                  fs::copy_options::overwrite_existing);
+    fs::create_directories(dir / ckpt.step_name(9));
+    fs::copy_file(part(dir, 1, "MANIFEST"), part(dir, 9, "MANIFEST"));
   });
   trainer_state oldest(comm.rank(), 0);
   BOOST_TEST(oldest.resume(ckpt).value_or(0) == 1u);
@@ -326,6 +331,23 @@ BOOST_AUTO_TEST_CASE(another_number_of_ranks_resumes_the_replicated_state) {
   BOOST_TEST(resumed.position.step == (comm.size() == 1 ? 17u : 0u));
   // Each rank's engine is restored only by as many ranks as saved it.
   BOOST_TEST((resumed.engine == (comm.size() == 1 ? saved.engine : own_engine)));
+
+  // And the other way: saved by every rank, resumed by rank 0 alone.
+  resumed.advance();
+  resumed.position = {4, 9};
+  resumed.save(ckpt, 41);
+  if (comm.rank() == 0) {
+    cohort::flat alone = comm.split(0, 0);
+    cohort::checkpointer single{alone, dir};
+    trainer_state one(0, 0);
+    BOOST_TEST(one.resume(single).value_or(0) == 41u);
+    BOOST_TEST(one.w == resumed.w);
+    BOOST_TEST(one.position.epoch == 4u);
+    BOOST_TEST(one.position.step == (comm.size() == 1 ? 9u : 0u));
+  } else {
+    (void)comm.split(1, 0);
+  }
+  comm.barrier();
 }
 
 BOOST_AUTO_TEST_CASE(a_hostile_manifest_is_an_error_naming_its_line) {

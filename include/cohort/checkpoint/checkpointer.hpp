@@ -128,7 +128,11 @@ public:
       // Every rank returns here, even one whose state did not serialize: the ranks complete the
       // save together at the next call, where that failure is every rank's error.
       if (job->outcome.empty()) {
-        job->writer = std::thread([this, job = job.get()] { write_files(*job); });
+        try {
+          job->writer = std::thread([this, job = job.get()] { write_files(*job); });
+        } catch (const std::exception& e) { // std::system_error: no thread to be had
+          job->outcome = "rank " + std::to_string(job->rank) + ": no writer thread: " + e.what();
+        }
       }
       pending_ = std::move(job);
       return;
@@ -177,10 +181,13 @@ public:
 
   //! Loads the newest checkpoint that every rank verified into `state` and returns its step, or
   //! nothing if there is none (training starts afresh). Collective. Checkpoints skipped on the
-  //! way are listed by `skipped()` (and printed by rank 0). Per-rank state is loaded only if the
-  //! checkpoint has as many ranks as now; otherwise it keeps its value, and `data_position`
-  //! restarts its epoch. Throws `checkpoint_error` on every rank if a verified checkpoint does
-  //! not fit `state` (another model, another order of things).
+  //! way are listed by `skipped()` (and printed by rank 0), and set aside (renamed
+  //! `set-aside-step-...`), so that the run's next saves are the newest. Per-rank state is loaded
+  //! only if the checkpoint has as many ranks as now; otherwise it keeps its value, and
+  //! `data_position` restarts its epoch. Throws `checkpoint_error` on every rank if a verified
+  //! checkpoint does not fit `state` (another model, another order of things); the things loaded
+  //! before the one that did not fit keep what they loaded, so the state is then to be thrown
+  //! away, not trained.
   template <class... State>
   requires(checkpointable<std::remove_cvref_t<State>>&&...) std::optional<std::uint64_t> resume(
       State&&... state) {
@@ -244,8 +251,10 @@ public:
         failure = "rank " + std::to_string(comm_.rank()) + ": " + reason(e);
       }
       throw_failures(comm_.allgather_obj(failure), "resuming from step " + std::to_string(step));
+      set_aside_newer_than(step);
       return step;
     }
+    set_aside_newer_than(std::nullopt);
     return std::nullopt;
   }
 
@@ -280,6 +289,15 @@ private:
   // Memory kept from one asynchronous save to the next: allocated (without zeroing) only when a
   // save needs more.
   struct buffer {
+    buffer() = default;
+    buffer(buffer&& other) noexcept
+        : data(std::move(other.data))
+        , capacity(std::exchange(other.capacity, 0)) {}
+    buffer& operator=(buffer&& other) noexcept {
+      data = std::move(other.data);
+      capacity = std::exchange(other.capacity, 0);
+      return *this;
+    }
     std::unique_ptr<std::byte[]> data;
     std::size_t capacity = 0;
     //! `size` bytes of it (their values are whatever was there).
@@ -329,7 +347,9 @@ private:
     const int r = job.rank;
     try {
       const std::filesystem::path where = directory_ / step_name(job.step);
-      std::filesystem::create_directories(where);
+      if (std::filesystem::create_directories(where)) {
+        checkpoint::sync_directory(directory_); // the step's directory is there after a crash
+      }
       const checkpoint::byte_pieces& replicated = job.pieces[0];
       const std::size_t total = job.replicated.size();
       const std::size_t begin = total * static_cast<std::size_t>(r) / n;
@@ -343,10 +363,11 @@ private:
       }
       // The whole replicated state's checksum, which the ranks compare: a replica that differs
       // is caught here, at every save.
+      // (On one rank its part is the whole: its checksum is not computed twice.)
+      const std::uint64_t whole = n == 1 ? part.checksum : checkpoint::checksum::of(replicated);
       job.outcome = "ok " + std::to_string(part.size) + " " + std::to_string(part.checksum) + " " +
                     std::to_string(mine.size) + " " + std::to_string(mine.checksum) + " " +
-                    std::to_string(total) + " " +
-                    std::to_string(checkpoint::checksum::of(replicated)) + " " +
+                    std::to_string(total) + " " + std::to_string(whole) + " " +
                     std::to_string(root.size) + " " + std::to_string(root.checksum);
     } catch (const std::exception& e) {
       job.outcome = "rank " + std::to_string(r) + ": " + reason(e);
@@ -415,6 +436,33 @@ private:
       }
     }
     throw_failures({comm_.bcast_obj(written)}, doing);
+  }
+
+  // After a resume from `step` (or from nothing), the checkpoint directories of later steps (the
+  // ones skipped, and saves that did not finish) are renamed out of the way, kept for a person to
+  // look at: the run now goes on from `step`, and its next saves must be the newest checkpoints
+  // (or keep N would remove them in favour of a damaged one, and a damaged step would never be
+  // written again). Collective: when resume returns, they are gone.
+  void set_aside_newer_than(std::optional<std::uint64_t> step) {
+    if (comm_.rank() == 0) {
+      std::error_code code;
+      for (const auto& entry : std::filesystem::directory_iterator(directory_, code)) {
+        const std::string name = entry.path().filename().string();
+        const std::optional<std::uint64_t> later = step_of(name);
+        if (!later || (step && *later <= *step)) {
+          continue;
+        }
+        std::filesystem::path aside = directory_ / ("set-aside-" + name);
+        for (int i = 1; std::filesystem::exists(aside, code); ++i) {
+          aside = directory_ / ("set-aside-" + name + "." + std::to_string(i));
+        }
+        std::filesystem::rename(entry.path(), aside, code);
+        note_skipped(code ? "could not set " + name + " aside: " + code.message()
+                          : name + " set aside as " + aside.filename().string() +
+                                " (a later step than the one resumed)");
+      }
+    }
+    comm_.barrier();
   }
 
   std::vector<std::uint64_t> steps_where(bool complete) const {
@@ -491,7 +539,8 @@ private:
   verified verify(std::uint64_t step) {
     const std::filesystem::path where = directory_ / step_name(step);
     const std::filesystem::path manifest_path = where / checkpoint::manifest_name;
-    const std::vector<std::byte> text = checkpoint::read_whole(manifest_path, 1 << 20);
+    const std::vector<std::byte> text =
+        checkpoint::read_whole(manifest_path, checkpoint::manifest::max_bytes);
     const checkpoint::manifest m = checkpoint::manifest::parse(
         {reinterpret_cast<const char*>(text.data()), text.size()}, manifest_path.string());
     if (m.step != step) {

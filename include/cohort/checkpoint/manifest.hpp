@@ -42,6 +42,9 @@ inline constexpr std::string_view manifest_name = "MANIFEST";
 inline constexpr std::size_t max_files = 2 * 65536 + 1;
 
 struct manifest {
+  //! The largest manifest read: the header and max_files lines of at most 320 characters.
+  static constexpr std::uint64_t max_bytes = 1024 + max_files * 320;
+
   std::uint64_t step = 0;
   int ranks = 0;
   std::uint64_t replicated_size = 0;     //!< the replicated state's parts joined
