@@ -94,6 +94,8 @@ public:
 
   //! Whether every strategy inside reduces device memory (the GPU ones), as each says.
   static constexpr bool reduces_gpu_memory = (detail::is_device_strategy<Strategies>() && ...);
+  //! Whether some strategy inside does (a mix of host and GPU strategies).
+  static constexpr bool may_reduce_gpu_memory = (detail::is_device_strategy<Strategies>() || ...);
 
   //! The stream the trainer queues its work on, for every strategy inside that has one (the GPU
   //! ones: see nccl_strategy::set_stream). `Stream` is `cudaStream_t`, named generically so that

@@ -72,6 +72,15 @@ constexpr bool reduces_device_memory() {
   };
 }
 
+// Whether it may: a run-time choice among host and GPU strategies, whose stream no one could
+// follow (refused by stream_order below).
+template <class Communicator>
+constexpr bool may_reduce_device_memory() {
+  return reduces_device_memory<Communicator>() || requires {
+    requires Communicator::may_reduce_gpu_memory;
+  };
+}
+
 } // namespace detail
 
 //! How cohort's work is ordered with LibTorch's. A host strategy needs nothing: the gradients are
@@ -81,10 +90,11 @@ constexpr bool reduces_device_memory() {
 //! that uses a GPU strategy includes.
 template <class Communicator>
 struct stream_order {
-  static_assert(!detail::reduces_device_memory<Communicator>(),
+  static_assert(!detail::may_reduce_device_memory<Communicator>(),
                 "cohort::torch::distributed_optimizer over a GPU strategy: #include "
                 "<cohort/adapters/torch/cuda.hpp> (cohort's work follows LibTorch's current "
-                "CUDA stream)");
+                "CUDA stream); a run-time choice that mixes host and GPU strategies has no "
+                "stream to follow: choose among GPU strategies only (any_gpu_communicator)");
   static void follow(Communicator&, const std::vector<parameter>&) noexcept {}
 };
 
