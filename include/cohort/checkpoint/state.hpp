@@ -2,10 +2,9 @@
 #pragma once
 
 // What a checkpoint holds: a list of things, each through the customization point
-// `checkpoint_traits<T>`, which says whether the thing is the same on every rank (replicated:
-// written once, split across the ranks; or root: rank 0's, written by rank 0) or each rank's own
-// (per rank: written by each), what
-// kind of thing it is (named in errors), and how it is written and read back. Given here:
+// `checkpoint_traits<T>`, which says whose the thing is (`state_scope`: the same on every rank
+// and written once, split across the ranks; rank 0's, written by rank 0; or each rank's own),
+// what kind of thing it is (named in errors), and how it is written and read back. Given here:
 // parameter sets (their values), the standard random engines (per rank), `data_position` (the
 // epoch and the step within it), and any value Boost.Serialization can write, through
 // `serialized(value)` (replicated) or `serialized_per_rank(value)`.
