@@ -14,10 +14,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -127,6 +129,50 @@ private:
   std::vector<std::byte> own_;
   std::vector<segment> segments_;
   std::size_t size_ = 0;
+};
+
+//! Memory kept from one use to the next (a checkpointer's async copies, its resume's read):
+//! allocated, without zeroing, only when a use needs more than it has.
+class kept_buffer {
+public:
+  kept_buffer() = default;
+  kept_buffer(kept_buffer&& other) noexcept
+      : data_(std::move(other.data_))
+      , capacity_(std::exchange(other.capacity_, 0)) {}
+  kept_buffer& operator=(kept_buffer&& other) noexcept {
+    data_ = std::move(other.data_);
+    capacity_ = std::exchange(other.capacity_, 0);
+    return *this;
+  }
+
+  //! `size` bytes of it (their values are whatever was there).
+  std::span<std::byte> take(std::size_t size) {
+    if (size > capacity_) {
+      data_ = std::make_unique_for_overwrite<std::byte[]>(size);
+      capacity_ = size;
+    }
+    return {data_.get(), size};
+  }
+  //! `from` copied into it, as one piece.
+  byte_pieces copy(const byte_pieces& from) {
+    std::size_t size = 0;
+    for (const std::span<const std::byte> piece : from) {
+      size += piece.size();
+    }
+    const std::span<std::byte> into = take(size);
+    std::size_t at = 0;
+    for (const std::span<const std::byte> piece : from) {
+      if (!piece.empty()) {
+        std::memcpy(into.data() + at, piece.data(), piece.size());
+      }
+      at += piece.size();
+    }
+    return {std::span<const std::byte>(into)};
+  }
+
+private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t capacity_ = 0;
 };
 
 //! Reads what a byte_writer wrote, checking every length against the bytes left. `source` names

@@ -286,45 +286,6 @@ private:
     std::optional<std::vector<std::byte>> own;
   };
 
-  // Memory kept from one asynchronous save to the next: allocated (without zeroing) only when a
-  // save needs more.
-  struct buffer {
-    buffer() = default;
-    buffer(buffer&& other) noexcept
-        : data(std::move(other.data))
-        , capacity(std::exchange(other.capacity, 0)) {}
-    buffer& operator=(buffer&& other) noexcept {
-      data = std::move(other.data);
-      capacity = std::exchange(other.capacity, 0);
-      return *this;
-    }
-    std::unique_ptr<std::byte[]> data;
-    std::size_t capacity = 0;
-    //! `size` bytes of it (their values are whatever was there).
-    std::span<std::byte> take(std::size_t size) {
-      if (size > capacity) {
-        data = std::make_unique_for_overwrite<std::byte[]>(size);
-        capacity = size;
-      }
-      return {data.get(), size};
-    }
-    checkpoint::byte_pieces copy(const checkpoint::byte_pieces& from) {
-      std::size_t size = 0;
-      for (const std::span<const std::byte> piece : from) {
-        size += piece.size();
-      }
-      take(size);
-      std::size_t at = 0;
-      for (const std::span<const std::byte> piece : from) {
-        if (!piece.empty()) {
-          std::memcpy(data.get() + at, piece.data(), piece.size());
-        }
-        at += piece.size();
-      }
-      return {std::span<const std::byte>(data.get(), size)};
-    }
-  };
-
   // One save: the state's bytes, this rank's files once written (or what failed), and the
   // thread that writes them when asynchronous.
   struct pending {
@@ -335,7 +296,7 @@ private:
     checkpoint::byte_writer root;       // rank 0's only
     checkpoint::byte_writer own;
     std::array<checkpoint::byte_pieces, 3> pieces; // what is written: the writers' bytes, or
-    std::array<buffer, 3> copies;                  // with async, their copies here
+    std::array<checkpoint::kept_buffer, 3> copies; // with async, their copies here
     std::string outcome;                           // "ok <numbers>" once written, else what failed
     std::thread writer;
   };
@@ -679,8 +640,9 @@ private:
   checkpoint_options options_;
   std::vector<std::string> skipped_;
   std::unique_ptr<pending> pending_; // an asynchronous save in flight
-  std::array<buffer, 3> spare_;      // the copies of the last asynchronous save, to reuse
-  buffer read_buffer_;               // the joined replicated state of the last resume
+  std::array<checkpoint::kept_buffer, 3>
+      spare_;                           // the copies of the last asynchronous save, to reuse
+  checkpoint::kept_buffer read_buffer_; // the joined replicated state of the last resume
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -85,6 +85,32 @@ private:
   int fd_;
 };
 
+// Reads exactly `into.size()` bytes of `file` (a megabyte at a time), adding each piece to `sum`
+// if given, while it is still in the cache; a file that ends early is named as truncated.
+inline void read_exactly(const descriptor& file, const std::filesystem::path& path,
+                         std::span<std::byte> into, checksum* sum) {
+  constexpr std::size_t chunk = std::size_t{1} << 20;
+  std::size_t done = 0;
+  while (done < into.size()) {
+    const ::ssize_t n = ::read(file.get(), into.data() + done, std::min(chunk, into.size() - done));
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0) {
+      fail("read", path, errno);
+    }
+    if (n == 0) {
+      throw checkpoint_error("cohort checkpoint: " + path.string() + " ended after " +
+                             std::to_string(done) + " of its " + std::to_string(into.size()) +
+                             " bytes (truncated while read)");
+    }
+    if (sum != nullptr) {
+      sum->update(into.subspan(done, static_cast<std::size_t>(n)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
 inline void fsync_or_fail(int fd, const std::filesystem::path& path) {
   if (::fsync(fd) != 0) {
     fail("fsync", path, errno);
@@ -163,22 +189,7 @@ inline std::vector<std::byte> read_whole(const std::filesystem::path& path, std:
                            " a file of this checkpoint may hold");
   }
   std::vector<std::byte> bytes(static_cast<std::size_t>(size));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ::ssize_t n = ::read(file.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n < 0) {
-      detail::fail("read", path, errno);
-    }
-    if (n == 0) {
-      throw checkpoint_error("cohort checkpoint: " + path.string() + " ended after " +
-                             std::to_string(done) + " of its " + std::to_string(size) +
-                             " bytes (truncated while read)");
-    }
-    done += static_cast<std::size_t>(n);
-  }
+  detail::read_exactly(file, path, bytes, nullptr);
   return bytes;
 }
 
@@ -186,28 +197,11 @@ inline std::vector<std::byte> read_whole(const std::filesystem::path& path, std:
 //! `sum` as they come: a megabyte at a time, checksummed while it is still in the cache, so that
 //! checking costs no pass over memory of its own.
 inline void read_into(const std::filesystem::path& path, std::span<std::byte> into, checksum& sum) {
-  constexpr std::size_t chunk = std::size_t{1} << 20;
   detail::descriptor file(path, O_RDONLY);
   // The kernel reads the whole file ahead while each megabyte is copied and checksummed.
   (void)::posix_fadvise(file.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   (void)::posix_fadvise(file.get(), 0, 0, POSIX_FADV_WILLNEED);
-  std::size_t done = 0;
-  while (done < into.size()) {
-    const ::ssize_t n = ::read(file.get(), into.data() + done, std::min(chunk, into.size() - done));
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n < 0) {
-      detail::fail("read", path, errno);
-    }
-    if (n == 0) {
-      throw checkpoint_error("cohort checkpoint: " + path.string() + " ended after " +
-                             std::to_string(done) + " of its " + std::to_string(into.size()) +
-                             " bytes (truncated while read)");
-    }
-    sum.update(into.subspan(done, static_cast<std::size_t>(n)));
-    done += static_cast<std::size_t>(n);
-  }
+  detail::read_exactly(file, path, into, &sum);
 }
 
 } // namespace checkpoint
