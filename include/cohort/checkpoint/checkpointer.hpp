@@ -510,12 +510,14 @@ private:
     }
     verified v;
     v.saved_ranks = m.ranks;
-    // The parts are read one after the other into one buffer (kept for the next resume), and
-    // checked in one pass against the joined state's checksum; each part's own checksum is
-    // computed only to name the file when that fails.
+    // The parts are read into one buffer (kept for the next resume), each checked against its
+    // own checksum as it comes. Each rank starts with a different part, so that the ranks of a
+    // node start the disk on different files at once and then find the others' in the page cache.
     std::uint64_t total = 0;
+    std::vector<std::size_t> offsets;
     for (const checkpoint::file_record& part : m.replicated) {
       require_size(where, part);
+      offsets.push_back(static_cast<std::size_t>(total));
       total += part.size;
     }
     if (total != m.replicated_size || total > options_.max_file_bytes) {
@@ -525,24 +527,14 @@ private:
                              std::to_string(options_.max_file_bytes) + ")");
     }
     const std::span<std::byte> joined = read_buffer_.take(static_cast<std::size_t>(total));
-    checkpoint::checksum sum;
-    std::size_t at = 0;
-    for (const checkpoint::file_record& part : m.replicated) {
+    const std::size_t parts = m.replicated.size();
+    for (std::size_t i = 0; i < parts; ++i) {
+      const std::size_t k = (i + static_cast<std::size_t>(comm_.rank())) % parts;
+      const checkpoint::file_record& part = m.replicated[k];
+      checkpoint::checksum sum;
       checkpoint::read_into(where / part.name,
-                            joined.subspan(at, static_cast<std::size_t>(part.size)), sum);
-      at += static_cast<std::size_t>(part.size);
-    }
-    if (sum.value() != m.replicated_checksum) {
-      at = 0;
-      for (const checkpoint::file_record& part : m.replicated) {
-        check_sum(where / part.name, joined.subspan(at, static_cast<std::size_t>(part.size)),
-                  part.checksum);
-        at += static_cast<std::size_t>(part.size);
-      }
-      throw checkpoint_error("cohort checkpoint: the replicated state of " + where.string() +
-                             " joined from its parts has checksum " +
-                             checkpoint::to_hex(checkpoint::checksum::of(joined)) +
-                             ", the manifest says " + checkpoint::to_hex(m.replicated_checksum));
+                            joined.subspan(offsets[k], static_cast<std::size_t>(part.size)), sum);
+      require_sum(where / part.name, sum.value(), part.checksum);
     }
     v.replicated = joined;
     v.root = read_checked(where, m.root.front());
@@ -577,7 +569,11 @@ private:
 
   static void check_sum(const std::filesystem::path& path, std::span<const std::byte> bytes,
                         std::uint64_t expected) {
-    const std::uint64_t sum = checkpoint::checksum::of(bytes);
+    require_sum(path, checkpoint::checksum::of(bytes), expected);
+  }
+
+  static void require_sum(const std::filesystem::path& path, std::uint64_t sum,
+                          std::uint64_t expected) {
     if (sum != expected) {
       throw checkpoint_error("cohort checkpoint: " + path.string() + " has checksum " +
                              checkpoint::to_hex(sum) + ", the manifest says " +

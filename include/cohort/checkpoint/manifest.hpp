@@ -15,9 +15,10 @@
 //   per-rank 1 6672 0b1d...7a rank-1-of-2
 //   end
 //
-// (the replicated state whole: its size and XXH3-64, checked once its parts are joined; a file
-// line: role, index, size in bytes, XXH3-64, name). Parsing is strict and bounded: any
-// line out of place, number out of range or name with a path in it is an error naming the line.
+// (the replicated state whole: its size, which its parts must add up to, and XXH3-64, which the
+// ranks compared when they saved; a file line: role, index, size in bytes, XXH3-64, name).
+// Parsing is strict and bounded: any line out of place, number out of range or name with a path
+// in it is an error naming the line.
 
 #include <cohort/checkpoint/files.hpp>
 #include <cohort/config.hpp>
