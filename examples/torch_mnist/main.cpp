@@ -246,7 +246,8 @@ int train(const options& o, cohort::flat& comm) {
     checkpoints.emplace(comm, o.checkpoint_dir);
     if (const auto resumed =
             checkpoints->resume(cohort::torch::module_state(*model),
-                                cohort::torch::optimizer_state(opt.inner(), *model), position)) {
+                                cohort::torch::optimizer_state(opt.inner(), *model), position,
+                                cohort::bucket_orders(comm))) {
       step = *resumed;
       epoch_begin = position.epoch;
       steps_done_in_epoch = position.step;
@@ -282,7 +283,8 @@ int train(const options& o, cohort::flat& comm) {
       if (checkpoints && step % o.checkpoint_every == 0) {
         position = {static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
         checkpoints->save(step, cohort::torch::module_state(*model),
-                          cohort::torch::optimizer_state(opt.inner(), *model), position);
+                          cohort::torch::optimizer_state(opt.inner(), *model), position,
+                          cohort::bucket_orders(comm));
       }
 #endif
     }

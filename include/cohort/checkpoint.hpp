@@ -5,5 +5,6 @@
 // checkpoint/checksum.hpp). Not in <cohort/cohort.hpp>: a trainer that saves nothing needs no
 // xxHash.
 
+#include <cohort/checkpoint/bucket_orders.hpp>
 #include <cohort/checkpoint/checkpointer.hpp>
 #include <cohort/checkpoint/state.hpp>

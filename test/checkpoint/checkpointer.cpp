@@ -4,7 +4,7 @@
 // checkpoint) is skipped on every rank with a message naming the file, and the ranks resume from
 // the newest one they all verified; a write that fails is an error on every rank and loses
 // nothing; keep N; state that does not fit is refused by name; another number of ranks resumes
-// the replicated state and restarts the epoch.
+// the replicated state and restarts the epoch; learned bucket orders resume.
 #define BOOST_TEST_MODULE checkpoint.checkpointer
 #include <cohort/checkpoint.hpp>
 #include <cohort/cohort.hpp>
@@ -459,4 +459,53 @@ BOOST_AUTO_TEST_CASE(replicas_that_differ_are_an_error_not_a_checkpoint) {
                         message_has({"rank 1: its replicated state", "differs from rank 0's",
                                      "the replicas are not identical"}));
   BOOST_TEST(ckpt.complete_steps().empty());
+}
+
+BOOST_AUTO_TEST_CASE(learned_bucket_orders_are_resumed) {
+  // Four gradients, each its own bucket, marked ready in an order that is not the reverse one
+  // the buckets start in: the order learned is that one, a checkpoint keeps it, and a new
+  // communicator resumed from it reduces in the same buckets without learning anything.
+  const cohort::communicator_options tiny{.bucket_bytes = 4, .first_bucket_bytes = 4};
+  cohort::flat learner = cohort::make_communicator<cohort::flat>(tiny);
+  const fresh_directory scratch(learner, "bucket-orders");
+  std::vector<std::vector<float>> values(4, std::vector<float>(3, 1.0f));
+  std::vector<std::vector<float>> grads(4, std::vector<float>(3, 2.0f));
+  std::vector<param> params;
+  for (std::size_t i = 0; i < 4; ++i) {
+    params.push_back({"p" + std::to_string(i), &values[i], &grads[i]});
+  }
+  BOOST_TEST(learner.learned_bucket_orders().empty());
+  const std::vector<std::size_t> readiness{1, 3, 0, 2};
+  auto request = learner.begin_allreduce_grad(params, cohort::mean{});
+  for (const std::size_t i : readiness) {
+    request.ready(i);
+  }
+  request.wait();
+  const std::vector<cohort::bucket_order> learned = learner.learned_bucket_orders();
+  BOOST_TEST_REQUIRE(learned.size() == 1u);
+  BOOST_TEST(learned[0].order == readiness);
+
+  cohort::checkpointer ckpt{learner, scratch.path()};
+  ckpt.save(1, params, cohort::bucket_orders(learner));
+
+  cohort::flat resumed = cohort::make_communicator<cohort::flat>(tiny);
+  BOOST_TEST(ckpt.resume(params, cohort::bucket_orders(resumed)).value_or(0) == 1u);
+  const std::vector<cohort::bucket_order> restored = resumed.learned_bucket_orders();
+  BOOST_TEST_REQUIRE(restored.size() == 1u);
+  BOOST_TEST(restored[0].layout == learned[0].layout);
+  BOOST_TEST(restored[0].order == readiness);
+  // Adopted at the next reduction of that layout, as if learned there: kept, not relearned from
+  // this step's (reverse) order.
+  auto next = resumed.begin_allreduce_grad(params, cohort::mean{});
+  for (std::size_t i = 4; i-- > 0;) {
+    next.ready(i);
+  }
+  next.wait();
+  BOOST_TEST(resumed.learned_bucket_orders()[0].order == readiness);
+
+  // An order that is not one of its layout's gradients is refused by name.
+  BOOST_CHECK_EXCEPTION(resumed.restore_bucket_orders({{7, {0, 2, 2}}}), cohort::invalid_argument,
+                        message_has({"restore_bucket_orders", "layout 7", "gradient 2 twice"}));
+  BOOST_CHECK_EXCEPTION(resumed.restore_bucket_orders({{7, {0, 3}}}), cohort::invalid_argument,
+                        message_has({"gradient 3, past its 2"}));
 }

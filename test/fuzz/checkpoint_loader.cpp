@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for what cohort reads from a checkpoint: the manifest's text, and the state's
-// bytes loaded into parameters, a random engine and a data position. Whatever the bytes, the
-// loader must end in a `checkpoint_error` or in success: never a crash, a leak, a sanitizer
-// report, or an allocation the bytes did not pay for. (Boost.Serialization values are Boost's
-// format and are left out: see the README.) Built and run by tools/fuzz.sh.
+// bytes loaded into parameters, a random engine, a data position and bucket orders. Whatever the
+// bytes, the loader must end in a `checkpoint_error` or in success: never a crash, a leak, a
+// sanitizer report, or an allocation the bytes did not pay for. (Boost.Serialization values are
+// Boost's format and are left out: see the README.) Built and run by tools/fuzz.sh.
 //
 // Input: the first byte picks what is read; the rest is the manifest's text, or the replicated
 // state's bytes, or both scopes (a 4-byte length of the replicated part first).
+#include <cohort/checkpoint/bucket_orders.hpp>
 #include <cohort/checkpoint/manifest.hpp>
 #include <cohort/checkpoint/state_io.hpp>
 #include <cohort/tensor/std.hpp>
@@ -26,6 +27,13 @@ namespace {
 
 using param = cohort::parameter_ref<std::vector<float>>;
 
+// Keeps bucket orders as a communicator would (without MPI: the loader is what is fuzzed).
+struct order_keeper {
+  std::vector<cohort::bucket_order> orders{{42, {2, 0, 1}}};
+  std::vector<cohort::bucket_order> learned_bucket_orders() const { return orders; }
+  void restore_bucket_orders(std::vector<cohort::bucket_order> o) { orders = std::move(o); }
+};
+
 struct state {
   std::vector<float> w = std::vector<float>(6, 0.5f);
   std::vector<float> gw = std::vector<float>(6);
@@ -35,6 +43,7 @@ struct state {
   std::vector<cohort::parameter_ref<std::vector<double>>> bs{{"b", &b, &gb}};
   std::mt19937 engine{7};
   cohort::data_position position;
+  order_keeper keeper;
 };
 
 // An empty state of rank 0's: the fuzzer's bytes go to the other scopes.
@@ -43,9 +52,10 @@ const std::vector<std::byte> no_root =
 
 void load(std::span<const std::byte> replicated, std::optional<std::span<const std::byte>> own) {
   state s;
+  auto orders = cohort::bucket_orders(s.keeper);
   try {
     cohort::checkpoint::deserialize(replicated, no_root, own, "fuzz", 3, {2, 2, 1}, s.ws, s.engine,
-                                    s.position, s.bs);
+                                    s.position, s.bs, orders);
   } catch (const cohort::checkpoint_error&) {
   }
 }
@@ -112,12 +122,12 @@ int main(int argc, char** argv) {
   write("manifest", 0, std::as_bytes(std::span(text.data(), text.size())), std::nullopt);
   state s;
   using cohort::state_scope;
-  const auto shared =
-      cohort::checkpoint::serialize<state_scope::replicated>(3, s.ws, s.engine, s.position, s.bs)
-          .contiguous();
-  const auto own =
-      cohort::checkpoint::serialize<state_scope::per_rank>(3, s.ws, s.engine, s.position, s.bs)
-          .contiguous();
+  const auto shared = cohort::checkpoint::serialize<state_scope::replicated>(
+                          3, s.ws, s.engine, s.position, s.bs, cohort::bucket_orders(s.keeper))
+                          .contiguous();
+  const auto own = cohort::checkpoint::serialize<state_scope::per_rank>(
+                       3, s.ws, s.engine, s.position, s.bs, cohort::bucket_orders(s.keeper))
+                       .contiguous();
   write("replicated", 1, shared, std::nullopt);
   write("both", 2, shared, std::span<const std::byte>(own));
   return 0;

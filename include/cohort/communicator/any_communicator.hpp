@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cohort/communicator/bucket_order.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
@@ -293,6 +294,12 @@ public:
   }
   std::size_t bucket_count() const noexcept {
     return read([](const auto& c) { return c.bucket_count(); });
+  }
+  std::vector<bucket_order> learned_bucket_orders() const {
+    return read([](const auto& c) { return c.learned_bucket_orders(); });
+  }
+  void restore_bucket_orders(std::vector<bucket_order> orders) {
+    call([&](auto& c) { c.restore_bucket_orders(std::move(orders)); });
   }
 
 private:

@@ -290,6 +290,21 @@ public:
     return sync_ != nullptr ? sync_->bucket_count() : 0;
   }
 
+  //! The orders this communicator learned to build gradient buckets in (with overlap), by
+  //! layout: a checkpoint keeps them (`cohort::bucket_orders`, cohort/checkpoint.hpp).
+  std::vector<bucket_order> learned_bucket_orders() const {
+    return sync_ != nullptr ? sync_->learned_orders() : std::vector<bucket_order>{};
+  }
+
+  //! Adopts orders a checkpoint kept, each when its layout is next reduced (as the run that
+  //! saved them did), so that a resumed run reduces bit for bit as that run would have. Call it
+  //! on every rank alike, between steps.
+  void restore_bucket_orders(std::vector<bucket_order> orders) {
+    detail::operation_scope scope("restore_bucket_orders");
+    sync_->require_no_pending(checks(), "restore_bucket_orders", nullptr);
+    sync_->restore_orders(std::move(orders));
+  }
+
 protected:
   //! For a strategy whose `exchange` uses members of its own: abandons a pending reduction
   //! before they go (from its destructor).

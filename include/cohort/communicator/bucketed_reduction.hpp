@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/bucket_order.hpp>
 #include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
@@ -53,6 +54,15 @@ public:
   //! plan is rebuilt in it at the next `prepare` of this layout, before that step's agreement (a
   //! rebuild allocates, and may fail).
   void remember_order(std::span<const std::int64_t> order);
+
+  //! The orders learned so far (a plan built in one, or one remembered for the next step), by
+  //! layout: what a checkpoint keeps.
+  std::vector<bucket_order> learned_orders() const;
+
+  //! Orders a checkpoint kept: each is adopted, as if learned, when its layout is next prepared
+  //! without an order learned. Throws `invalid_argument` for an order that is not each of
+  //! 0 .. n-1 once.
+  void restore_orders(std::vector<bucket_order> orders);
 
   //! The plan of the last layout prepared.
   const bucket_plan& plan() const noexcept { return current_->plan; }
@@ -172,6 +182,7 @@ private:
   std::vector<std::size_t> learned_; // an order to rebuild a plan with, at its next prepare
   std::uint64_t learned_key_ = 0;    // of the layout it was seen on
   bool has_learned_ = false;
+  std::vector<bucket_order> restored_; // from a checkpoint, adopted at their layout's prepare
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
 };

@@ -147,6 +147,10 @@ public:
 
   std::size_t bucket_buffer_bytes() const noexcept { return reduction_.buffer_bytes(); }
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
+  std::vector<bucket_order> learned_orders() const { return reduction_.learned_orders(); }
+  void restore_orders(std::vector<bucket_order> orders) {
+    reduction_.restore_orders(std::move(orders));
+  }
 
   //! On cohort's thread (overlap_worker): one bucket, after the ranks agree that none found a
   //! problem so far. A failure before the exchange (the agreement) is the same on every rank: the

@@ -44,7 +44,55 @@ COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_
     learn_order(slots, learned_, reduction);
     has_learned_ = false;
   }
+  if (!found->learned) {
+    const auto restored = std::find_if(restored_.begin(), restored_.end(),
+                                       [&](const bucket_order& o) { return o.layout == key; });
+    if (restored != restored_.end()) {
+      if (restored->order.size() == slots.size()) { // (the layout says so)
+        learn_order(slots, restored->order, reduction);
+      }
+      restored_.erase(restored);
+    }
+  }
   return found->plan;
+}
+
+COHORT_DECL std::vector<bucket_order> bucketed_reduction::learned_orders() const {
+  std::vector<bucket_order> orders;
+  for (const entry& e : entries_) {
+    if (e.learned) {
+      orders.push_back({e.key, {e.plan.order().begin(), e.plan.order().end()}});
+    }
+  }
+  const auto add = [&](std::uint64_t layout, std::span<const std::size_t> order) {
+    if (std::none_of(orders.begin(), orders.end(),
+                     [&](const bucket_order& o) { return o.layout == layout; })) {
+      orders.push_back({layout, {order.begin(), order.end()}});
+    }
+  };
+  if (has_learned_) { // seen at the last step, adopted at the next
+    add(learned_key_, learned_);
+  }
+  for (const bucket_order& o : restored_) { // from a checkpoint, not yet adopted
+    add(o.layout, o.order);
+  }
+  return orders;
+}
+
+COHORT_DECL void bucketed_reduction::restore_orders(std::vector<bucket_order> orders) {
+  for (const bucket_order& o : orders) {
+    std::vector<bool> seen(o.order.size());
+    for (const std::size_t i : o.order) {
+      if (i >= seen.size() || seen[i]) {
+        throw invalid_argument("cohort: restore_bucket_orders: the order of layout " +
+                               std::to_string(o.layout) + " holds gradient " + std::to_string(i) +
+                               (i >= seen.size() ? ", past its " : " twice among its ") +
+                               std::to_string(seen.size()));
+      }
+      seen[i] = true;
+    }
+  }
+  restored_ = std::move(orders);
 }
 
 COHORT_DECL bool bucketed_reduction::learn_order(std::span<const grad_slot> slots,
