@@ -84,7 +84,7 @@ case "${1:-}" in
              test_communicator_topology test_communicator_failure
              test_training_distributed_optimizer test_training_scatter_dataset
              test_training_evaluator test_adapters_eigen test_adapters_torch
-             test_checkpoint_checkpointer test_checkpoint_die_in_save)
+             test_checkpoint_checkpointer test_checkpoint_die_in_save test_checkpoint_full_disk)
     supp="$root/test/sanitizers"
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 exitcode=66 second_deadlock_stack=1"
     # Full stacks for the leak check, so that Open MPI's allocations are told apart by library

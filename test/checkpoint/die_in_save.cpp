@@ -1,14 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// A job whose last rank is killed (SIGKILL) in the middle of writing its file of step 2, and the
-// job that resumes after it. Run by test/checkpoint/kill.sh:
+// A job with a rank killed (SIGKILL) in the middle of writing a file of step 2, and the job that
+// resumes after it. Run by test/checkpoint/kill.sh:
 //
-//   die_in_save save DIR     # saves step 1, then dies in step 2 (the job ends with an error)
-//   die_in_save resume DIR   # resumes step 1, says so, and checks the state is step 1's
+//   die_in_save save DIR HOW   # saves step 1, then dies in step 2 (the job ends with an error)
+//   die_in_save resume DIR     # resumes step 1, says so, and checks the state is step 1's
+//
+// HOW: `rank`, the last rank in its first file; `async`, the same on its writer thread while
+// the ranks go on (`async` saves); `manifest`, rank 0 in the manifest, once every rank has
+// written its files and reported them.
 #include <cohort/checkpoint.hpp>
 #include <cohort/cohort.hpp>
 
 #include <boost/mpi/environment.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -35,17 +41,25 @@ struct state {
 
 int main(int argc, char** argv) {
   boost::mpi::environment env(argc, argv);
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: die_in_save save|resume DIR\n");
+  const std::string_view mode = argc > 1 ? argv[1] : "";
+  const std::string_view how = argc > 3 ? argv[3] : "";
+  if (!((mode == "save" && argc == 4 && (how == "rank" || how == "async" || how == "manifest")) ||
+        (mode == "resume" && argc == 3))) {
+    std::fprintf(stderr, "usage: die_in_save save DIR rank|async|manifest, or resume DIR\n");
     return 2;
   }
-  const std::string_view mode = argv[1];
   auto comm = cohort::make_communicator<cohort::flat>();
-  std::uint64_t step = 0;
+  std::atomic<bool> armed = false; // once step 1 is complete (read on the writer thread)
   cohort::checkpoint_options options;
-  // The last rank writes half of its first file of step 2, then is killed.
+  options.async = how == "async";
+  const int rank = comm.rank();
+  const int victim = how == "manifest" ? 0 : comm.size() - 1;
+  const std::string_view manifest_start = "cohort checkpoint ";
+  // The victim writes half of its first file of step 2 (or of the manifest), then is killed.
   options.write = [&](int fd, const void* data, std::size_t bytes) -> ::ssize_t {
-    if (step == 2 && comm.rank() == comm.size() - 1) {
+    const std::string_view text(static_cast<const char*>(data),
+                                std::min(bytes, manifest_start.size()));
+    if (armed && rank == victim && (how != "manifest" || text == manifest_start)) {
       (void)::write(fd, data, bytes / 2);
       std::raise(SIGKILL);
     }
@@ -54,10 +68,13 @@ int main(int argc, char** argv) {
   cohort::checkpointer ckpt{comm, argv[2], options};
   state s;
   if (mode == "save") {
-    for (step = 1; step <= 2; ++step) {
-      s.set(static_cast<float>(step));
-      ckpt.save(step, s.params, s.position);
-    }
+    s.set(1);
+    ckpt.save(1, s.params, s.position);
+    ckpt.finish(); // (an async save completes here)
+    armed = true;
+    s.set(2);
+    ckpt.save(2, s.params, s.position);
+    ckpt.finish();
     std::printf("saved step 2: the rank was not killed\n");
     return 0;
   }

@@ -7,9 +7,11 @@
 #     checkpoints killed (SIGKILL to every process of the job) once one of step 20 or later is
 #     complete, then started again with the same command: it must resume and end with the very
 #     weights of the whole run (bit for bit).
-#   kill.sh rank MPIEXEC RANKS DIE_IN_SAVE WORK
-#     one rank killed in the middle of writing a checkpoint: the job ends (not hangs), and the
-#     next job resumes the checkpoint before, saying that it ignored the unfinished one.
+#   kill.sh rank MPIEXEC RANKS DIE_IN_SAVE WORK HOW
+#     one rank killed in the middle of writing a checkpoint (HOW, see die_in_save.cpp: the last
+#     rank in its file, the same on its async writer thread, or rank 0 in the manifest): the job
+#     ends (not hangs), and the next job resumes the checkpoint before, saying that it ignored
+#     the unfinished one.
 set -euo pipefail
 mode=$1 mpiexec=$2 ranks=$3 program=$4 work=$5
 shift 5
@@ -54,11 +56,18 @@ if [ "$mode" = job ]; then
   echo "resumed run ends as the whole run: $whole"
 elif [ "$mode" = rank ]; then
   status=0
-  bounded 60 "$mpiexec" -n "$ranks" "$program" save "$work/checkpoints" >"$work/died.txt" 2>&1 ||
+  bounded 60 "$mpiexec" -n "$ranks" "$program" save "$work/checkpoints" "$1" >"$work/died.txt" 2>&1 ||
     status=$?
   [ "$status" -ne 0 ] || fail "the job with a killed rank succeeded: $(cat "$work/died.txt")"
   [ "$status" -ne 124 ] || fail "the job hung after a rank was killed"
   echo "the job with a killed rank ended with status $status"
+  # Killed where it was meant to be: in the manifest, or in a file of its own.
+  step2=$(ls -d "$work"/checkpoints/step-*2)
+  case "$1" in
+    manifest) [ -f "$step2/.MANIFEST.tmp" ] || fail "rank 0 was not killed in the manifest" ;;
+    *) ls "$step2"/.*-of-"$ranks".tmp >/dev/null 2>&1 || fail "no rank was killed in its file" ;;
+  esac
+  echo "killed in: $(cd "$step2" && ls -A | grep '\.tmp$')"
   bounded 60 "$mpiexec" -n "$ranks" "$program" resume "$work/checkpoints" >"$work/resumed.txt" 2>&1 ||
     fail "the resuming job failed: $(cat "$work/resumed.txt")"
   cat "$work/resumed.txt"
