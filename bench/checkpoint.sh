@@ -9,7 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
-reps=5
+reps=6
 sizes=(100M 1G)
 while [ $# -gt 0 ]; do
   case "$1" in
