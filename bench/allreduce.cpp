@@ -246,9 +246,11 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
   std::printf("# hierarchical, two_dimensional: the same buckets, reduced in two levels over the "
               "nodes above (set COHORT_RANKS_PER_NODE to simulate several nodes on one machine)\n");
   std::printf("# raw: one MPI_Allreduce(MPI_IN_PLACE) over one contiguous buffer of the same "
-              "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks) on it\n");
-  std::printf("# agreement check: on for naive and flat%s\n",
-              s.unchecked_rows ? "; off for naive/nocheck and flat/nocheck" : "");
+              "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks) on it; "
+              "tensor: flat.allreduce(buffer), in segments of %zu bytes\n",
+              cohort::communicator_options{}.segment_bytes);
+  std::printf("# agreement check: on for naive, flat and tensor%s\n",
+              s.unchecked_rows ? "; off for naive/nocheck, flat/nocheck and tensor/nocheck" : "");
   std::printf("# timeout: 10 min (the default: watched by the watchdog) everywhere but "
               "flat/notimeout (0: nothing watched)\n");
   std::printf("%s\n", gpu_line.c_str());
@@ -357,6 +359,13 @@ int run(int argc, char** argv) {
                cohort::reduce_op::sum, {}, ring_workspace);
          },
          fill_raw, check_raw});
+    // The same contiguous buffer through the communicator's tensor all-reduce (checked, in
+    // segments of communicator_options::segment_bytes).
+    methods.push_back({"tensor", [&] { flat.allreduce(contiguous); }, fill_raw, check_raw});
+    if (s.unchecked_rows) {
+      methods.push_back(
+          {"tensor/nocheck", [&] { flat_unchecked.allreduce(contiguous); }, fill_raw, check_raw});
+    }
     methods.push_back({"naive", [&] { naive.allreduce_grad(grads.params, cohort::sum{}); },
                        fill_grads, check_grads});
     if (s.unchecked_rows) {

@@ -118,6 +118,8 @@ BOOST_AUTO_TEST_CASE(every_bucket_size_gives_the_same_results) {
       {.bucket_bytes = 4096},
       {.bucket_bytes = 4096, .fusion_threshold_bytes = 0},
       {.bucket_bytes = std::size_t{1} << 20, .first_bucket_bytes = 100},
+      {.bucket_bytes = 4096, .segment_bytes = 20},       // buckets in segments
+      {.fusion_threshold_bytes = 0, .segment_bytes = 6}, // tensors in place, in segments
       {},
   };
   for (const auto& options : shapes) {

@@ -87,7 +87,7 @@ public:
     detail::operation_scope scope("allreduce");
     const tensor_view v = agreed_view(t, "allreduce", static_cast<int>(op), "op");
     const auto watch = checks_.watch_transfer("allreduce", v.size_bytes());
-    mpi::allreduce(comm_, v, op);
+    mpi::allreduce(comm_, v, op, options().segment_bytes);
   }
 
   //! Non-blocking `allreduce`: `t` must not be touched until the request is waited on.

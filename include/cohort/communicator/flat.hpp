@@ -26,7 +26,9 @@ public:
 private:
   friend strategy_access;
 
-  void exchange(tensor_view bucket, reduce_op op) { mpi::allreduce(grad_comm(), bucket, op); }
+  void exchange(tensor_view bucket, reduce_op op) {
+    mpi::allreduce(grad_comm(), bucket, op, options().segment_bytes);
+  }
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -29,7 +29,9 @@ private:
   // Every gradient alone in its bucket, and in place where its dtype allows.
   static detail::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }
 
-  void exchange(tensor_view bucket, reduce_op op) { mpi::allreduce(grad_comm(), bucket, op); }
+  void exchange(tensor_view bucket, reduce_op op) {
+    mpi::allreduce(grad_comm(), bucket, op, options().segment_bytes);
+  }
 };
 
 } // namespace COHORT_ABI_NAMESPACE
