@@ -429,7 +429,12 @@ int train(const options& o, Communicator& comm) {
       ++step;
 #if defined(MNIST_MLP_CHECKPOINTS)
       if (checkpoints && step % o.checkpoint_every == 0) {
-        position = {static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
+        // After the epoch's last step, the next epoch's start: a resume begins there, not in an
+        // epoch with no step left (whose metrics would be empty).
+        position =
+            end == train_shard.size()
+                ? cohort::data_position{static_cast<std::uint64_t>(epoch) + 1, 0}
+                : cohort::data_position{static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
         checkpoints->save(step, params, cohort::serialized(opt.inner().velocity()), position);
       }
 #endif

@@ -281,7 +281,12 @@ int train(const options& o, cohort::flat& comm) {
       ++step;
 #if defined(TORCH_MNIST_CHECKPOINTS)
       if (checkpoints && step % o.checkpoint_every == 0) {
-        position = {static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
+        // After the epoch's last step, the next epoch's start: a resume begins there, not in an
+        // epoch with no step left (whose metrics would be empty).
+        const bool last = begin + 2 * local_batch > train_shard.size();
+        position = last ? cohort::data_position{static_cast<std::uint64_t>(epoch) + 1, 0}
+                        : cohort::data_position{static_cast<std::uint64_t>(epoch),
+                                                begin / local_batch + 1};
         checkpoints->save(step, cohort::torch::module_state(*model),
                           cohort::torch::optimizer_state(opt.inner(), *model), position,
                           cohort::bucket_orders(comm));

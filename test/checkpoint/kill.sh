@@ -7,6 +7,10 @@
 #     checkpoints killed (SIGKILL to every process of the job) once one of step 20 or later is
 #     complete, then started again with the same command: it must resume and end with the very
 #     weights of the whole run (bit for bit).
+#   kill.sh epoch MPIEXEC RANKS EXAMPLE WORK [ARGS...]
+#     the same example run whole; then a run of its first epoch alone (--epochs 1) that saves
+#     at its last step, the epoch's end; then the whole command again, which must resume at the
+#     next epoch's start and end with the very weights of the whole run.
 #   kill.sh rank MPIEXEC RANKS DIE_IN_SAVE WORK HOW
 #     one rank killed in the middle of writing a checkpoint (HOW, see die_in_save.cpp: the last
 #     rank in its file, the same on its async writer thread, or rank 0 in the manifest): the job
@@ -54,6 +58,23 @@ if [ "$mode" = job ]; then
   resumed=$(grep "final weights" "$work/resumed.txt")
   [ "$resumed" = "$whole" ] || fail "resumed: '$resumed'; whole run: '$whole'"
   echo "resumed run ends as the whole run: $whole"
+elif [ "$mode" = epoch ]; then
+  args=("$@")
+  bounded 120 "$mpiexec" -n "$ranks" "$program" "${args[@]}" >"$work/whole.txt"
+  whole=$(grep "final weights" "$work/whole.txt") || fail "the whole run printed no weights"
+  ckpt=$work/checkpoints
+  # (the last --epochs on the command line counts; 50 steps an epoch)
+  bounded 120 "$mpiexec" -n "$ranks" "$program" "${args[@]}" --epochs 1 --checkpoint "$ckpt" \
+    --checkpoint-every 50 >"$work/first-epoch.txt" || fail "the first epoch's run failed"
+  ls -d "$ckpt"/step-*50 >/dev/null || fail "no checkpoint of step 50: $(ls "$ckpt")"
+  bounded 120 "$mpiexec" -n "$ranks" "$program" "${args[@]}" --checkpoint "$ckpt" \
+    --checkpoint-every 50 >"$work/resumed.txt" || fail "the resumed run failed"
+  cat "$work/resumed.txt"
+  grep -q "resumed from step 50 (epoch 2, after 0 of its steps)" "$work/resumed.txt" ||
+    fail "the second job did not resume at the second epoch's start"
+  resumed=$(grep "final weights" "$work/resumed.txt")
+  [ "$resumed" = "$whole" ] || fail "resumed: '$resumed'; whole run: '$whole'"
+  echo "resumed at an epoch's end, ends as the whole run: $whole"
 elif [ "$mode" = rank ]; then
   status=0
   bounded 60 "$mpiexec" -n "$ranks" "$program" save "$work/checkpoints" "$1" >"$work/died.txt" 2>&1 ||
