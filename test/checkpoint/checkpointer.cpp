@@ -197,6 +197,13 @@ BOOST_AUTO_TEST_CASE(the_newest_keep_checkpoints_stay) {
   trainer_state resumed(comm.rank(), 0);
   BOOST_TEST(resumed.resume(ckpt).value_or(0) == 5u);
   BOOST_TEST(resumed.position.step == 5u);
+  // A run that saves without resuming first, into a directory of later steps: its own save is
+  // kept (with the newest other one), not removed as the oldest.
+  cohort::checkpointer fresh{comm, dir, {.keep = 2}};
+  s.advance();
+  s.save(fresh, 1);
+  const std::vector<std::uint64_t> kept{5, 1};
+  BOOST_TEST(fresh.complete_steps() == kept, boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_skipped_alike_on_every_rank) {
@@ -251,6 +258,40 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_skipped_alike_on_every_rank) {
   BOOST_TEST(oldest.resume(ckpt).value_or(0) == 1u);
   BOOST_TEST(oldest.same_as(at[0]));
   BOOST_TEST(ckpt.skipped().front().find("is of step 1") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_file_the_system_cannot_read_is_an_error_not_damage) {
+  // The last rank's own file replaced by a directory: reading it fails with EISDIR, a fault of
+  // the machine's (as EIO or EACCES would be), not of the checkpoint. Every rank throws, naming
+  // the rank and the file, and nothing is skipped or set aside: the next job may read it well.
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "unreadable");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir, {.keep = 10}};
+  trainer_state s(comm.rank(), 1);
+  s.save(ckpt, 1);
+  s.advance();
+  s.save(ckpt, 2);
+  const std::string n = std::to_string(comm.size());
+  const std::string last_rank = std::to_string(comm.size() - 1);
+  const fs::path own = part(dir, 2, "rank-" + last_rank + "-of-" + n);
+  on_root(comm, [&] {
+    fs::rename(own, fs::path(own).concat(".away"));
+    fs::create_directory(own);
+  });
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_CHECK_EXCEPTION(resumed.resume(ckpt), cohort::checkpoint_error,
+                        message_has({"reading step 2", "not damage", "rank " + last_rank,
+                                     "rank-" + last_rank + "-of-" + n}));
+  BOOST_TEST(ckpt.skipped().empty());
+  const std::vector<std::uint64_t> both{2, 1};
+  BOOST_TEST(every_rank(comm, ckpt.complete_steps() == both));
+  on_root(comm, [&] {
+    fs::remove(own);
+    fs::rename(fs::path(own).concat(".away"), own);
+  });
+  BOOST_TEST(every_rank(comm, resumed.resume(ckpt).value_or(0) == 2u));
+  BOOST_TEST(resumed.same_as(s));
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_write_is_an_error_on_every_rank_and_loses_nothing) {

@@ -193,6 +193,12 @@ public:
       State&&... state) {
     finish();
     skipped_.clear();
+    // The replicated state is read into one buffer as large as it: freed when resume returns
+    // (a run resumes once; the memory is the trainer's after that).
+    struct release_on_return {
+      checkpoint::kept_buffer& buffer;
+      ~release_on_return() { buffer = checkpoint::kept_buffer{}; }
+    } release{read_buffer_};
     const std::vector<std::uint64_t> steps =
         comm_.bcast_obj(comm_.rank() == 0 ? complete_steps() : std::vector<std::uint64_t>{});
     // Saves that did not finish (killed, or failed) left directories without a manifest.
@@ -206,13 +212,29 @@ public:
     }
     for (const std::uint64_t step : steps) {
       std::optional<verified> files;
+      // "damage: ..." (the checkpoint's fault: skipped) or "fault: ..." (the machine's: an
+      // error on every rank, the checkpoints left as they are, for a job that can read them).
       std::string problem;
       try {
         files = verify(step);
+      } catch (const checkpoint_io_error& e) {
+        problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + reason(e);
+      } catch (const checkpoint_error& e) {
+        problem = "damage: " + std::string(e.what());
       } catch (const std::exception& e) {
-        problem = e.what();
+        problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + reason(e);
       }
-      const std::vector<std::string> problems = comm_.allgather_obj(problem);
+      std::vector<std::string> problems = comm_.allgather_obj(problem);
+      std::vector<std::string> faults;
+      for (std::string& p : problems) {
+        if (p.starts_with("fault: ")) {
+          faults.push_back(p.substr(7));
+        } else if (p.starts_with("damage: ")) {
+          p.erase(0, 8);
+        }
+      }
+      throw_failures(faults, "reading step " + std::to_string(step) +
+                                 " (not damage: the checkpoints are left as they are)");
       if (std::any_of(problems.begin(), problems.end(),
                       [](const std::string& p) { return !p.empty(); })) {
         // One message per problem, naming the ranks that found it (a shared file: all of them).
@@ -391,7 +413,7 @@ private:
         const std::string text = m.text();
         write(where, std::string(checkpoint::manifest_name),
               {std::as_bytes(std::span(text.data(), text.size()))});
-        prune(); // before any rank returns: when save returns, the old ones are gone
+        prune(job.step); // before any rank returns: when save returns, the old ones are gone
       } catch (const std::exception& e) {
         written = "rank 0: " + reason(e);
       }
@@ -556,9 +578,13 @@ private:
     }
     std::error_code code;
     const std::uintmax_t size = std::filesystem::file_size(path, code);
-    if (code) {
+    if (code == std::errc::no_such_file_or_directory) {
       throw checkpoint_error("cohort checkpoint: " + path.string() + " is missing (" +
                              code.message() + ")");
+    }
+    if (code) {
+      throw checkpoint_io_error("cohort checkpoint: the size of " + path.string() +
+                                " cannot be read (" + code.message() + ")");
     }
     if (size != record.size) {
       throw checkpoint_error("cohort checkpoint: " + path.string() + " holds " +
@@ -593,10 +619,16 @@ private:
   // Keeps the newest `keep` complete checkpoints; removes older ones, and directories without a
   // manifest older than the newest complete one (saves that failed). A manifest goes first, so
   // that a removal cut short leaves no checkpoint that looks complete. Rank 0, after a save.
-  void prune() const {
-    const std::vector<std::uint64_t> complete = complete_steps();
+  void prune(std::uint64_t saved) const {
+    std::vector<std::uint64_t> complete = complete_steps();
     if (complete.empty()) {
       return;
+    }
+    // The checkpoint just written is kept whatever its step: a directory may hold later ones (a
+    // run that saved without resuming first), and keep N must not remove the run's own save.
+    const auto own = std::find(complete.begin(), complete.end(), saved);
+    if (own != complete.end()) {
+      std::rotate(complete.begin(), own, own + 1);
     }
     std::vector<std::filesystem::path> doomed;
     std::error_code code;
@@ -638,7 +670,7 @@ private:
   std::unique_ptr<pending> pending_; // an asynchronous save in flight
   std::array<checkpoint::kept_buffer, 3>
       spare_;                           // the copies of the last asynchronous save, to reuse
-  checkpoint::kept_buffer read_buffer_; // the joined replicated state of the last resume
+  checkpoint::kept_buffer read_buffer_; // the joined replicated state, during a resume
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -35,6 +35,14 @@ public:
   using error::error;
 };
 
+//! A call of the system's that failed for a reason other than the file's absence (EIO, EACCES,
+//! EMFILE, ENOSPC...): a fault of the machine, not of the checkpoint. `resume` does not skip a
+//! checkpoint for it (the next job may read it well): it throws on every rank.
+class checkpoint_io_error : public checkpoint_error {
+public:
+  using checkpoint_error::checkpoint_error;
+};
+
 namespace checkpoint {
 
 //! A file of a checkpoint as its manifest lists it.
@@ -52,8 +60,12 @@ using write_function = std::function<::ssize_t(int fd, const void* data, std::si
 namespace detail {
 
 [[noreturn]] inline void fail(std::string_view call, const std::filesystem::path& path, int code) {
-  throw checkpoint_error("cohort checkpoint: " + std::string(call) + " of " + path.string() +
-                         " failed: " + std::strerror(code));
+  std::string what = "cohort checkpoint: " + std::string(call) + " of " + path.string() +
+                     " failed: " + std::strerror(code);
+  if (code == ENOENT || code == ENOTDIR) {
+    throw checkpoint_error(what); // the file is not there: a checkpoint without it is damaged
+  }
+  throw checkpoint_io_error(what);
 }
 
 // An open file descriptor, closed on every path.
