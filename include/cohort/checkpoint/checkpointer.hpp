@@ -303,7 +303,8 @@ private:
   // The bytes of a verified checkpoint this rank reads.
   struct verified {
     int saved_ranks = 0;
-    std::span<const std::byte> replicated; // in read_buffer_
+    std::optional<checkpoint::mapped_files> mapping; // the parts, when they map as one span
+    std::span<const std::byte> replicated;           // in mapping, or else in read_buffer_
     std::vector<std::byte> root;
     std::optional<std::vector<std::byte>> own;
   };
@@ -323,6 +324,14 @@ private:
     std::thread writer;
   };
 
+  // Where part r of n of `total` bytes begins: at a page, so that a resume maps the parts as one
+  // span (checkpoint::mapped_files); a small state is all in the first parts.
+  static std::size_t part_boundary(std::size_t total, int r, int n) {
+    const std::size_t page = checkpoint::page_size();
+    const std::size_t even = total / static_cast<std::size_t>(n) * static_cast<std::size_t>(r);
+    return std::min(total, (even + page - 1) / page * page);
+  }
+
   // This rank's part of the replicated state and its own state, each to its file. Reports in
   // `job.outcome`, never throws: it may run on the writer thread.
   void write_files(pending& job) const noexcept {
@@ -335,8 +344,8 @@ private:
       }
       const checkpoint::byte_pieces& replicated = job.pieces[0];
       const std::size_t total = job.replicated.size();
-      const std::size_t begin = total * static_cast<std::size_t>(r) / n;
-      const std::size_t end = total * static_cast<std::size_t>(r + 1) / n;
+      const std::size_t begin = part_boundary(total, r, n);
+      const std::size_t end = part_boundary(total, r + 1, n);
       const checkpoint::file_record part =
           write(where, part_name("replicated", r, n), checkpoint::slice(replicated, begin, end));
       const checkpoint::file_record mine = write(where, part_name("rank", r, n), job.pieces[2]);
@@ -532,14 +541,18 @@ private:
     }
     verified v;
     v.saved_ranks = m.ranks;
-    // The parts are read into one buffer (kept for the next resume), each checked against its
-    // own checksum as it comes. Each rank starts with a different part, so that the ranks of a
-    // node start the disk on different files at once and then find the others' in the page cache.
+    // Each part is checked against its own checksum as it is read, each rank starting with a
+    // different part, so that the ranks of a node start the disk on different files at once and
+    // then find the others' in the page cache. Parts that begin at pages (as cohort writes them)
+    // are then mapped from the page cache as one span: no buffer, no copy; others are read into
+    // a buffer.
     std::uint64_t total = 0;
-    std::vector<std::size_t> offsets;
+    std::vector<std::uint64_t> sizes;
+    std::vector<std::filesystem::path> paths;
     for (const checkpoint::file_record& part : m.replicated) {
       require_size(where, part);
-      offsets.push_back(static_cast<std::size_t>(total));
+      sizes.push_back(part.size);
+      paths.push_back(where / part.name);
       total += part.size;
     }
     if (total != m.replicated_size || total > options_.max_file_bytes) {
@@ -548,17 +561,35 @@ private:
                              std::to_string(m.replicated_size) + " (at most max_file_bytes, " +
                              std::to_string(options_.max_file_bytes) + ")");
     }
-    const std::span<std::byte> joined = read_buffer_.take(static_cast<std::size_t>(total));
+    const bool mapped = checkpoint::mapped_files::fits(sizes);
+    const std::span<std::byte> joined =
+        mapped ? std::span<std::byte>{} : read_buffer_.take(static_cast<std::size_t>(total));
+    const std::span<std::byte> window =
+        mapped ? read_buffer_.take(std::size_t{1} << 20) : std::span<std::byte>{};
     const std::size_t parts = m.replicated.size();
+    std::vector<std::size_t> offsets(parts, 0);
+    for (std::size_t k = 1; k < parts; ++k) {
+      offsets[k] = offsets[k - 1] + static_cast<std::size_t>(sizes[k - 1]);
+    }
     for (std::size_t i = 0; i < parts; ++i) {
       const std::size_t k = (i + static_cast<std::size_t>(comm_.rank())) % parts;
-      const checkpoint::file_record& part = m.replicated[k];
-      checkpoint::checksum sum;
-      checkpoint::read_into(where / part.name,
-                            joined.subspan(offsets[k], static_cast<std::size_t>(part.size)), sum);
-      require_sum(where / part.name, sum.value(), part.checksum);
+      std::uint64_t sum = 0;
+      if (mapped) {
+        sum = checkpoint::checksum_of_file(paths[k], sizes[k], window);
+      } else {
+        checkpoint::checksum s;
+        checkpoint::read_into(paths[k],
+                              joined.subspan(offsets[k], static_cast<std::size_t>(sizes[k])), s);
+        sum = s.value();
+      }
+      require_sum(paths[k], sum, m.replicated[k].checksum);
     }
-    v.replicated = joined;
+    if (mapped) {
+      v.mapping.emplace(paths, sizes);
+      v.replicated = v.mapping->bytes();
+    } else {
+      v.replicated = joined;
+    }
     v.root = read_checked(where, m.root.front());
     if (m.ranks == comm_.size()) {
       v.own = read_checked(where, m.per_rank[static_cast<std::size_t>(comm_.rank())]);

@@ -11,6 +11,7 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <utility>
@@ -215,6 +217,102 @@ inline void read_into(const std::filesystem::path& path, std::span<std::byte> in
   (void)::posix_fadvise(file.get(), 0, 0, POSIX_FADV_WILLNEED);
   detail::read_exactly(file, path, into, &sum);
 }
+
+//! The checksum of `path`, which must hold `size` bytes, read through `window` (a megabyte or so,
+//! which stays in cache): what `mapped_files` then maps is in the page cache, checked.
+inline std::uint64_t checksum_of_file(const std::filesystem::path& path, std::uint64_t size,
+                                      std::span<std::byte> window) {
+  detail::descriptor file(path, O_RDONLY);
+  (void)::posix_fadvise(file.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  (void)::posix_fadvise(file.get(), 0, 0, POSIX_FADV_WILLNEED);
+  checksum sum;
+  for (std::uint64_t at = 0; at < size; at += window.size()) {
+    detail::read_exactly(
+        file, path,
+        window.first(static_cast<std::size_t>(std::min<std::uint64_t>(window.size(), size - at))),
+        &sum);
+  }
+  return sum.value();
+}
+
+inline std::size_t page_size() noexcept {
+  static const auto size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+//! Files mapped read-only one after the other into one range of memory, so that a state split
+//! into parts is read as one span without a copy, from the page cache. Each file but the last
+//! must hold a whole number of pages (`fits`). The files must not be truncated while mapped (a
+//! checkpoint's files are replaced by rename and removed by unlink, which leave a mapping whole).
+class mapped_files {
+public:
+  //! Whether files of these sizes, in this order, can be mapped as one range.
+  static bool fits(std::span<const std::uint64_t> sizes) {
+    std::uint64_t at = 0;
+    for (const std::uint64_t size : sizes) {
+      if (size != 0 && at % page_size() != 0) {
+        return false;
+      }
+      at += size;
+    }
+    return true;
+  }
+
+  mapped_files(std::span<const std::filesystem::path> paths, std::span<const std::uint64_t> sizes) {
+    for (const std::uint64_t size : sizes) {
+      size_ += static_cast<std::size_t>(size);
+    }
+    if (size_ == 0) {
+      return;
+    }
+    reserved_ = (size_ + page_size() - 1) / page_size() * page_size();
+    void* base = ::mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+      detail::fail("mmap (reserving the range) for", paths.front(), errno);
+    }
+    base_ = static_cast<std::byte*>(base);
+    try {
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < paths.size(); ++i) {
+        const auto size = static_cast<std::size_t>(sizes[i]);
+        if (size == 0) {
+          continue;
+        }
+        detail::descriptor file(paths[i], O_RDONLY);
+        if (::mmap(base_ + at, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, file.get(), 0) ==
+            MAP_FAILED) {
+          detail::fail("mmap", paths[i], errno);
+        }
+        at += size;
+      }
+    } catch (...) {
+      ::munmap(base_, reserved_);
+      throw;
+    }
+  }
+  mapped_files(mapped_files&& other) noexcept
+      : base_(std::exchange(other.base_, nullptr))
+      , size_(std::exchange(other.size_, 0))
+      , reserved_(std::exchange(other.reserved_, 0)) {}
+  mapped_files& operator=(mapped_files&& other) noexcept {
+    std::swap(base_, other.base_);
+    std::swap(size_, other.size_);
+    std::swap(reserved_, other.reserved_);
+    return *this;
+  }
+  ~mapped_files() {
+    if (base_ != nullptr) {
+      ::munmap(base_, reserved_);
+    }
+  }
+
+  std::span<const std::byte> bytes() const noexcept { return {base_, size_}; }
+
+private:
+  std::byte* base_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t reserved_ = 0;
+};
 
 } // namespace checkpoint
 } // namespace COHORT_ABI_NAMESPACE
