@@ -530,7 +530,15 @@ BOOST_AUTO_TEST_CASE(learned_bucket_orders_are_resumed) {
   cohort::checkpointer ckpt{learner, scratch.path()};
   ckpt.save(1, params, cohort::bucket_orders(learner));
 
+  // The resumed communicator learns an order of its own first (a resume after a step): the
+  // restored one wins.
   cohort::flat resumed = cohort::make_communicator<cohort::flat>(tiny);
+  auto first = resumed.begin_allreduce_grad(params, cohort::mean{});
+  for (const std::size_t i : {2, 1, 0, 3}) {
+    first.ready(i);
+  }
+  first.wait();
+  BOOST_TEST(resumed.learned_bucket_orders().at(0).order != readiness);
   BOOST_TEST(ckpt.resume(params, cohort::bucket_orders(resumed)).value_or(0) == 1u);
   const std::vector<cohort::bucket_order> restored = resumed.learned_bucket_orders();
   BOOST_TEST_REQUIRE(restored.size() == 1u);

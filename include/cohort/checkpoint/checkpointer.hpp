@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cinttypes>
 #include <cstddef>
 #include <cstdint>
@@ -458,11 +459,13 @@ private:
   }
 
   std::vector<std::uint64_t> steps_where(bool complete) const {
+    // Never throws: rank 0 lists the steps for every rank, which wait for it in a broadcast.
     std::vector<std::uint64_t> steps;
     std::error_code code;
-    for (const auto& entry : std::filesystem::directory_iterator(directory_, code)) {
-      const std::optional<std::uint64_t> step = step_of(entry.path().filename().string());
-      if (step && exists(entry.path() / checkpoint::manifest_name) == complete) {
+    for (std::filesystem::directory_iterator entry(directory_, code), end; !code && entry != end;
+         entry.increment(code)) {
+      const std::optional<std::uint64_t> step = step_of(entry->path().filename().string());
+      if (step && exists(entry->path() / checkpoint::manifest_name) == complete) {
         steps.push_back(*step);
       }
     }
@@ -496,11 +499,15 @@ private:
   }
 
   static std::optional<std::uint64_t> step_of(const std::string& name) {
-    if (name.size() != 25 || name.compare(0, 5, "step-") != 0 ||
-        !std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    std::uint64_t step = 0;
+    if (name.size() != 25 || name.compare(0, 5, "step-") != 0) {
       return std::nullopt;
     }
-    return std::stoull(name.substr(5));
+    const auto [end, error] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
+    if (error != std::errc{} || end != name.data() + name.size()) {
+      return std::nullopt; // not digits, or past 2^64 - 1: not a step's directory
+    }
+    return step;
   }
 
   static bool exists(const std::filesystem::path& path) {

@@ -44,37 +44,40 @@ COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_
     learn_order(slots, learned_, reduction);
     has_learned_ = false;
   }
-  if (!found->learned) {
-    const auto restored = std::find_if(restored_.begin(), restored_.end(),
-                                       [&](const bucket_order& o) { return o.layout == key; });
-    if (restored != restored_.end()) {
-      if (restored->order.size() == slots.size()) { // (the layout says so)
-        learn_order(slots, restored->order, reduction);
+  // A restored order wins over one learned since (a resume after a step): the run it continues
+  // reduced in it.
+  const auto restored = std::find_if(restored_.begin(), restored_.end(),
+                                     [&](const bucket_order& o) { return o.layout == key; });
+  if (restored != restored_.end()) {
+    if (restored->order.size() == slots.size()) { // (the layout says so)
+      found->learned = false;
+      learn_order(slots, restored->order, reduction);
+      if (has_learned_ && learned_key_ == key) {
+        has_learned_ = false;
       }
-      restored_.erase(restored);
     }
+    restored_.erase(restored);
   }
   return found->plan;
 }
 
 COHORT_DECL std::vector<bucket_order> bucketed_reduction::learned_orders() const {
-  std::vector<bucket_order> orders;
-  for (const entry& e : entries_) {
-    if (e.learned) {
-      orders.push_back({e.key, {e.plan.order().begin(), e.plan.order().end()}});
-    }
-  }
+  // What the next step of each layout will reduce in: an order from a checkpoint, not yet
+  // adopted, first; then one seen at the last step, adopted at the next; then the plans'.
+  std::vector<bucket_order> orders = restored_;
   const auto add = [&](std::uint64_t layout, std::span<const std::size_t> order) {
     if (std::none_of(orders.begin(), orders.end(),
                      [&](const bucket_order& o) { return o.layout == layout; })) {
       orders.push_back({layout, {order.begin(), order.end()}});
     }
   };
-  if (has_learned_) { // seen at the last step, adopted at the next
+  if (has_learned_) {
     add(learned_key_, learned_);
   }
-  for (const bucket_order& o : restored_) { // from a checkpoint, not yet adopted
-    add(o.layout, o.order);
+  for (const entry& e : entries_) {
+    if (e.learned) {
+      add(e.key, e.plan.order());
+    }
   }
   return orders;
 }
