@@ -25,16 +25,18 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 mpirun=(mpirun --bind-to none)
 [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
 
-printf '%-16s %9s %9s %6s %9s %9s %6s %11s %9s\n' "state, ranks" "save ms" "dd ms" "ratio" \
-  "resume ms" "read ms" "ratio" "async stall" "memcpy ms"
+printf '%-16s %9s %9s %6s %9s %9s %6s %11s %9s %10s\n' "state, ranks" "save ms" "dd ms" "ratio" \
+  "resume ms" "read ms" "ratio" "async stall" "memcpy ms" "completion"
 for size in "${sizes[@]}"; do
   for ranks in 1 2; do
     line=$("${mpirun[@]}" -np "$ranks" "$bin" --bytes "$size" --reps "$reps")
-    # "checkpoint MB MB RANKS rank(s): save X dd X resume X read X async-stall X memcpy X"
-    read -r _ mb _ _ _ _ save _ dd _ resume _ read _ stall _ copy <<<"$line"
+    # "checkpoint MB MB RANKS rank(s): save X dd X resume X read X async-stall X memcpy X
+    #  async-completion X"
+    read -r _ mb _ _ _ _ save _ dd _ resume _ read _ stall _ copy _ completion <<<"$line"
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
-    printf '%-16s %9.1f %9.1f %6s %9.1f %9.1f %6s %11.1f %9.1f\n' "$mb MB, $ranks" "$save" "$dd" \
-      "$(ratio "$dd" "$save")" "$resume" "$read" "$(ratio "$read" "$resume")" "$stall" "$copy"
+    printf '%-16s %9.1f %9.1f %6s %9.1f %9.1f %6s %11.1f %9.1f %10.1f\n' "$mb MB, $ranks" "$save" \
+      "$dd" "$(ratio "$dd" "$save")" "$resume" "$read" "$(ratio "$read" "$resume")" "$stall" \
+      "$copy" "$completion"
   done
 done
 echo "(ratio: the plain operation's time ÷ cohort's; medians of $reps)"
