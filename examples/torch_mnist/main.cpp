@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../common/command_line.hpp"
+#include "../common/grad_sync_report.hpp"
 #include "../common/mnist_data.hpp"
 
 namespace {
@@ -299,6 +300,10 @@ int train(const options& o, cohort::flat& comm) {
     if (report) {
       std::printf("epoch %d/%d: train loss %.4f, train accuracy %.4f\n", epoch + 1, o.epochs,
                   global.at("loss"), global.at("accuracy"));
+    }
+    const cohort::grad_sync_stats sync = comm.take_grad_sync_stats(); // (every rank: it resets)
+    if (report) {
+      print_grad_sync(sync);
       std::fflush(stdout);
     }
   }

@@ -244,6 +244,8 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_skipped_alike_on_every_rank) {
                           "truncated"})(cohort::error(why)));
   BOOST_TEST(message_has({"step 4 skipped", "is missing"})(cohort::error(why)));
   BOOST_TEST(message_has({"step 3 skipped", "rank-0-of-" + n, "has checksum"})(cohort::error(why)));
+  // (every rank hears of what rank 0 set aside)
+  BOOST_TEST(every_rank(comm, why.find(" set aside as set-aside-step-") != std::string::npos));
   // The later ones are set aside, kept for a person to look at: the run goes on from step 2, and
   // its next saves are the newest checkpoints.
   const std::vector<std::uint64_t> left{2, 1};

@@ -162,6 +162,28 @@ BOOST_AUTO_TEST_CASE(naive_reduces_in_place_and_flat_fuses) {
   BOOST_TEST(flat.bucket_buffer_bytes() == (1 + 3 + (naive.size() * 4 + 1) + 1000 + 4099) * 4u);
 }
 
+BOOST_AUTO_TEST_CASE(grad_sync_stats_count_steps_bytes_and_collectives) {
+  auto flat = cohort::make_communicator<cohort::flat>({.bucket_bytes = 4096});
+  model<float> m(flat.size(), flat.rank());
+  const std::uint64_t bytes = (1 + 3 + (flat.size() * 4 + 1) + 1000 + 4099) * 4u;
+  BOOST_TEST(flat.take_grad_sync_stats().steps == 0u);
+  for (int step = 0; step < 3; ++step) {
+    flat.allreduce_grad(m.params, cohort::sum{});
+  }
+  const cohort::grad_sync_stats stats = flat.take_grad_sync_stats();
+  BOOST_TEST(stats.steps == 3u);
+  BOOST_TEST(stats.bytes == 3 * bytes);
+  BOOST_TEST(stats.buckets == 3 * flat.bucket_count());
+  BOOST_TEST(stats.reducing.count() > 0);
+  // Blocking, the trainer waits for the whole call: the buckets and the agreement.
+  BOOST_TEST(stats.exposed >= stats.reducing);
+  // Taken: counting starts again.
+  const cohort::grad_sync_stats again = flat.take_grad_sync_stats();
+  BOOST_TEST(again.steps == 0u);
+  BOOST_TEST(again.bytes == 0u);
+  BOOST_TEST(again.exposed.count() == 0);
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(mixed_dtypes_in_one_model_match_the_naive_oracle, Strategy,
                               reducing_strategies) {
   auto comm = cohort::make_communicator<Strategy>();

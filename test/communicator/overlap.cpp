@@ -149,6 +149,29 @@ BOOST_AUTO_TEST_CASE(progress_does_not_need_the_caller) {
   BOOST_TEST(m.grads[5][4000] == expected);
 }
 
+BOOST_AUTO_TEST_CASE(grad_sync_stats_of_overlapped_steps) {
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 512});
+  mixed_model a(comm.size(), comm.rank(), 0);
+  auto request = comm.begin_allreduce_grad(a.params, cohort::mean{});
+  // Not while a reduction is in flight: cohort's thread counts its buckets.
+  BOOST_CHECK_EXCEPTION(comm.take_grad_sync_stats(), cohort::invalid_argument,
+                        message_has({"take_grad_sync_stats"}));
+  for (std::size_t t = 0; t < mixed_model::tensors; ++t) {
+    request.ready(t);
+  }
+  request.wait();
+  const cohort::grad_sync_stats stats = comm.take_grad_sync_stats();
+  BOOST_TEST(stats.steps == 1u);
+  BOOST_TEST(stats.buckets == comm.bucket_count());
+  std::uint64_t bytes = 0;
+  for (const auto& g : a.grads) {
+    bytes += g.size();
+  }
+  BOOST_TEST(stats.bytes == bytes);
+  BOOST_TEST(stats.reducing.count() > 0);
+  BOOST_TEST(stats.exposed.count() > 0);
+}
+
 BOOST_AUTO_TEST_CASE(iallreduce_grad_and_a_request_left_to_its_destructor) {
   auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 512});
   auto oracle = cohort::make_communicator<cohort::flat>({.bucket_bytes = 512});

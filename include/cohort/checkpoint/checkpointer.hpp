@@ -438,24 +438,29 @@ private:
   // written again). Collective: when resume returns, they are gone.
   void set_aside_newer_than(std::optional<std::uint64_t> step) {
     if (comm_.rank() == 0) {
+      // Never throws (the other ranks wait for rank 0 below): listed first, then renamed.
+      std::vector<std::string> later;
       std::error_code code;
-      for (const auto& entry : std::filesystem::directory_iterator(directory_, code)) {
-        const std::string name = entry.path().filename().string();
-        const std::optional<std::uint64_t> later = step_of(name);
-        if (!later || (step && *later <= *step)) {
-          continue;
+      for (std::filesystem::directory_iterator entry(directory_, code), end;
+           !code && entry != end; entry.increment(code)) {
+        const std::string name = entry->path().filename().string();
+        if (const std::optional<std::uint64_t> s = step_of(name); s && (!step || *s > *step)) {
+          later.push_back(name);
         }
+      }
+      for (const std::string& name : later) {
         std::filesystem::path aside = directory_ / ("set-aside-" + name);
         for (int i = 1; std::filesystem::exists(aside, code); ++i) {
           aside = directory_ / ("set-aside-" + name + "." + std::to_string(i));
         }
-        std::filesystem::rename(entry.path(), aside, code);
+        std::filesystem::rename(directory_ / name, aside, code);
         note_skipped(code ? "could not set " + name + " aside: " + code.message()
                           : name + " set aside as " + aside.filename().string() +
                                 " (a later step than the one resumed)");
       }
     }
-    comm_.barrier();
+    // Every rank's skipped() the same; and when resume returns, they are set aside.
+    skipped_ = comm_.bcast_obj(skipped_);
   }
 
   std::vector<std::uint64_t> steps_where(bool complete) const {

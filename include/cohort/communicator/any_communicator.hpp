@@ -6,6 +6,7 @@
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
+#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/hierarchical.hpp>
 #include <cohort/communicator/naive.hpp>
@@ -294,6 +295,9 @@ public:
   }
   std::size_t bucket_count() const noexcept {
     return read([](const auto& c) { return c.bucket_count(); });
+  }
+  grad_sync_stats take_grad_sync_stats() {
+    return call([](auto& c) { return c.take_grad_sync_stats(); });
   }
   std::vector<bucket_order> learned_bucket_orders() const {
     return read([](const auto& c) { return c.learned_bucket_orders(); });

@@ -14,6 +14,7 @@
 #include <cohort/communicator/communicator_base.hpp>
 #include <cohort/communicator/detail/checks.hpp>
 #include <cohort/communicator/detail/grad_sync.hpp>
+#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/detail/parameter_broadcast.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/gradients.hpp>
@@ -288,6 +289,16 @@ public:
       return *device;
     }
     return sync_ != nullptr ? sync_->bucket_count() : 0;
+  }
+
+  //! What this communicator's gradient reductions did since it was made or last asked (bytes,
+  //! steps, collectives, time reducing and time the trainer waited: see grad_sync_stats), and a
+  //! fresh count from now: an epoch's figures, say. Between steps: throws `invalid_argument`
+  //! while an overlapped reduction is pending.
+  grad_sync_stats take_grad_sync_stats() {
+    detail::operation_scope scope("take_grad_sync_stats");
+    sync_->require_no_pending(checks(), "take_grad_sync_stats", nullptr);
+    return sync_->take_stats();
   }
 
   //! The orders this communicator learned to build gradient buckets in (with overlap), by

@@ -9,6 +9,7 @@
 
 #include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/bucketed_reduction.hpp>
+#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/detail/checks.hpp>
 #include <cohort/communicator/detail/readiness.hpp>
 #include <cohort/communicator/gradients.hpp>
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -34,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -148,6 +151,9 @@ public:
   std::size_t bucket_buffer_bytes() const noexcept { return reduction_.buffer_bytes(); }
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
   std::vector<bucket_order> learned_orders() const { return reduction_.learned_orders(); }
+  //! What the reductions did since the last call (see grad_sync_stats); resets the count.
+  grad_sync_stats take_stats() noexcept { return std::exchange(stats_, grad_sync_stats{}); }
+  const grad_sync_stats& stats() const noexcept { return stats_; }
   void restore_orders(std::vector<bucket_order> orders) {
     reduction_.restore_orders(std::move(orders));
   }
@@ -183,6 +189,10 @@ private:
   void mark_ready(std::size_t index);
 
   bucketed_reduction reduction_;
+  // Counted by the caller's thread, and by cohort's in reduce_bucket while a step is in flight
+  // (the caller reads it only after finish has waited for that thread).
+  grad_sync_stats stats_;
+  std::uint64_t step_bytes_ = 0; // of the step in flight
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary
   std::vector<void*> elements_;

@@ -14,8 +14,10 @@ namespace detail {
 COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref& s,
                                             const reduction_table& table, missing_grad missing,
                                             std::string problem) {
+  const auto start = std::chrono::steady_clock::now();
   validate(c, s, table, missing, "blocking", std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
+  const auto reducing = std::chrono::steady_clock::now();
   c.fatal_on_failure("allreduce_grad", [&] {
     const std::span<const grad_slot> slots(slots_);
     if (s.device()) {
@@ -27,7 +29,13 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
       reduction_.reduce_bucket(
           b, slots, [&](tensor_view packed, reduce_op op) { s.exchange(s.self, packed, op); });
     }
+    stats_.buckets += buckets;
   });
+  const auto end = std::chrono::steady_clock::now();
+  stats_.reducing += end - reducing;
+  stats_.exposed += end - start;
+  stats_.bytes += step_bytes_;
+  ++stats_.steps;
 }
 
 COHORT_DECL void grad_sync::validate_copies(const checks& c, std::span<const grad_slot> slots,
@@ -118,6 +126,7 @@ COHORT_DECL void grad_sync::mark_rest_ready() {
 
 COHORT_DECL void grad_sync::finish() {
   operation_scope scope("allreduce_grad");
+  const auto start = std::chrono::steady_clock::now();
   struct done_on_exit {
     grad_sync& g;
     ~done_on_exit() {
@@ -144,6 +153,9 @@ COHORT_DECL void grad_sync::finish() {
   if (reduction_.learning() && abandoned_from_.load() == none) {
     learn_order(c);
   }
+  stats_.exposed += std::chrono::steady_clock::now() - start;
+  stats_.bytes += step_bytes_;
+  ++stats_.steps;
 }
 
 COHORT_DECL void grad_sync::abandon(std::string_view why) noexcept {
@@ -205,12 +217,15 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   }
   const auto watch = c.watch_transfer("allreduce_grad (a bucket)", k.count * size_of(k.plan.wire),
                                       waiter::reducer);
+  const auto start = std::chrono::steady_clock::now();
   c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
     reduction_.reduce_bucket(
         b, std::span<const grad_slot>(slots_),
         [&](tensor_view packed, reduce_op op) { strategy_.exchange(strategy_.self, packed, op); },
         /*own_buffer=*/true);
   });
+  stats_.reducing += std::chrono::steady_clock::now() - start;
+  ++stats_.buckets;
 }
 
 COHORT_DECL void grad_sync::validate(const checks& c, const strategy_ref& s,
@@ -234,6 +249,7 @@ COHORT_DECL void grad_sync::validate(const checks& c, const strategy_ref& s,
   for (const auto& slot : slots_) {
     bytes += slot.grad.size_bytes();
   }
+  step_bytes_ = bytes;
   const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
   validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence, slots_,
                      c.options().check_agreement, missing, problem, mode, table);

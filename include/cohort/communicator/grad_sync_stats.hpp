@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cohort/config.hpp>
+
+#include <chrono>
+#include <cstdint>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! What a communicator's gradient reductions did since it was made or last asked with
+//! `take_grad_sync_stats()`: per rank, host clocks. `exposed` is what the trainer waited for:
+//! a blocking `allreduce_grad` whole (its agreement included); with overlap, the wait at the step
+//! (`wait_grad_sync`) alone, the buckets reduced while backward ran being hidden behind it.
+//! `reducing` is the time the buckets took (pack, exchange, unpack), wherever they ran. For a GPU
+//! strategy, the time to enqueue its work, not the device's.
+struct grad_sync_stats {
+  std::uint64_t steps = 0;   //!< reductions completed
+  std::uint64_t bytes = 0;   //!< gradient bytes reduced (this rank's, before any cast)
+  std::uint64_t buckets = 0; //!< collectives run for them
+  std::chrono::nanoseconds reducing{0};
+  std::chrono::nanoseconds exposed{0};
+
+  grad_sync_stats& operator+=(const grad_sync_stats& o) noexcept {
+    steps += o.steps;
+    bytes += o.bytes;
+    buckets += o.buckets;
+    reducing += o.reducing;
+    exposed += o.exposed;
+    return *this;
+  }
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
