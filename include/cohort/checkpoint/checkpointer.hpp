@@ -441,8 +441,8 @@ private:
       // Never throws (the other ranks wait for rank 0 below): listed first, then renamed.
       std::vector<std::string> later;
       std::error_code code;
-      for (std::filesystem::directory_iterator entry(directory_, code), end;
-           !code && entry != end; entry.increment(code)) {
+      for (std::filesystem::directory_iterator entry(directory_, code), end; !code && entry != end;
+           entry.increment(code)) {
         const std::string name = entry->path().filename().string();
         if (const std::optional<std::uint64_t> s = step_of(name); s && (!step || *s > *step)) {
           later.push_back(name);

@@ -14,9 +14,9 @@
 #include <cohort/communicator/communicator_base.hpp>
 #include <cohort/communicator/detail/checks.hpp>
 #include <cohort/communicator/detail/grad_sync.hpp>
-#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/detail/parameter_broadcast.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
+#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/strategy_access.hpp>

@@ -9,9 +9,9 @@
 
 #include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/bucketed_reduction.hpp>
-#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/detail/checks.hpp>
 #include <cohort/communicator/detail/readiness.hpp>
+#include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/liveness.hpp>
 #include <cohort/communicator/overlap_worker.hpp>
