@@ -145,6 +145,26 @@ bool every_rank(cohort::flat& comm, bool mine) {
 
 } // namespace
 
+BOOST_AUTO_TEST_CASE(parts_cover_the_state_and_begin_at_pages) {
+  // Every byte in exactly one part, in order; every part but the last non-empty one whole pages.
+  for (const std::size_t page : {std::size_t{4096}, std::size_t{65536}}) {
+    for (const std::size_t total :
+         {std::size_t{0}, std::size_t{1}, page - 1, page, page + 1, 2 * page + 1, 3 * page - 1,
+          10 * page + 7, std::size_t{1} << 30}) {
+      for (int n = 1; n <= 5; ++n) {
+        BOOST_TEST_REQUIRE(cohort::checkpoint::part_boundary(total, 0, n, page) == 0u);
+        BOOST_TEST_REQUIRE(cohort::checkpoint::part_boundary(total, n, n, page) == total);
+        for (int r = 0; r < n; ++r) {
+          const std::size_t begin = cohort::checkpoint::part_boundary(total, r, n, page);
+          const std::size_t end = cohort::checkpoint::part_boundary(total, r + 1, n, page);
+          BOOST_TEST_REQUIRE(begin <= end);
+          BOOST_TEST_REQUIRE((begin % page == 0 || begin == end));
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(nothing_to_resume_starts_afresh) {
   cohort::flat comm = cohort::make_communicator<cohort::flat>();
   const fresh_directory scratch(comm, "empty");

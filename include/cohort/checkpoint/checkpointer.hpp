@@ -194,8 +194,8 @@ public:
       State&&... state) {
     finish();
     skipped_.clear();
-    // The replicated state is read into one buffer as large as it: freed when resume returns
-    // (a run resumes once; the memory is the trainer's after that).
+    // What a resume reads through (a 1 MiB window; the whole replicated state for a checkpoint
+    // whose parts do not map as one span): freed when resume returns (a run resumes once).
     struct release_on_return {
       checkpoint::kept_buffer& buffer;
       ~release_on_return() { buffer = checkpoint::kept_buffer{}; }
@@ -325,14 +325,6 @@ private:
     std::thread writer;
   };
 
-  // Where part r of n of `total` bytes begins: at a page, so that a resume maps the parts as one
-  // span (checkpoint::mapped_files); a small state is all in the first parts.
-  static std::size_t part_boundary(std::size_t total, int r, int n) {
-    const std::size_t page = checkpoint::page_size();
-    const std::size_t even = total / static_cast<std::size_t>(n) * static_cast<std::size_t>(r);
-    return std::min(total, (even + page - 1) / page * page);
-  }
-
   // This rank's part of the replicated state and its own state, each to its file. Reports in
   // `job.outcome`, never throws: it may run on the writer thread.
   void write_files(pending& job) const noexcept {
@@ -345,8 +337,9 @@ private:
       }
       const checkpoint::byte_pieces& replicated = job.pieces[0];
       const std::size_t total = job.replicated.size();
-      const std::size_t begin = part_boundary(total, r, n);
-      const std::size_t end = part_boundary(total, r + 1, n);
+      const std::size_t page = checkpoint::page_size();
+      const std::size_t begin = checkpoint::part_boundary(total, r, n, page);
+      const std::size_t end = checkpoint::part_boundary(total, r + 1, n, page);
       const checkpoint::file_record part =
           write(where, part_name("replicated", r, n), checkpoint::slice(replicated, begin, end));
       const checkpoint::file_record mine = write(where, part_name("rank", r, n), job.pieces[2]);

@@ -240,6 +240,17 @@ inline std::size_t page_size() noexcept {
   return size;
 }
 
+//! Where part `r` of `n` of `total` bytes begins (`r` = `n`: where the last ends, `total`): at a
+//! multiple of `page`, so that the parts map as one span (`mapped_files`); a state smaller than
+//! a page a part is all in the first parts.
+inline std::size_t part_boundary(std::size_t total, int r, int n, std::size_t page) {
+  if (r >= n) {
+    return total;
+  }
+  const std::size_t even = total / static_cast<std::size_t>(n) * static_cast<std::size_t>(r);
+  return std::min(total, (even + page - 1) / page * page);
+}
+
 //! Files mapped read-only one after the other into one range of memory, so that a state split
 //! into parts is read as one span without a copy, from the page cache. Each file but the last
 //! must hold a whole number of pages (`fits`). The files must not be truncated while mapped (a
