@@ -503,6 +503,10 @@ BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
       cohort::make_communicator<cohort::flat>({.bucket_bytes = odd_one ? 1024u : 4096u}),
       cohort::mismatch_error,
       message_has({"communicator creation", "bucket_bytes", "4096", "1024", last_rank}));
+  BOOST_CHECK_EXCEPTION(
+      cohort::make_communicator<cohort::flat>({.segment_bytes = odd_one ? 0u : 1024u}),
+      cohort::mismatch_error,
+      message_has({"communicator creation", "segment_bytes", "1024", "0", last_rank}));
   BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.check_agreement = !odd_one}),
                         cohort::mismatch_error,
                         message_has({"check_agreement", "true", "false", last_rank}));

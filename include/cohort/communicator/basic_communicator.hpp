@@ -297,6 +297,9 @@ public:
   //! while an overlapped reduction is pending.
   grad_sync_stats take_grad_sync_stats() {
     detail::operation_scope scope("take_grad_sync_stats");
+    // Under the lock a backward hook takes to begin a step: none begins between the check and
+    // the read.
+    const std::lock_guard lock(sync_->mutex());
     sync_->require_no_pending(checks(), "take_grad_sync_stats", nullptr);
     return sync_->take_stats();
   }

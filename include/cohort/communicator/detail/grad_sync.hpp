@@ -153,7 +153,6 @@ public:
   std::vector<bucket_order> learned_orders() const { return reduction_.learned_orders(); }
   //! What the reductions did since the last call (see grad_sync_stats); resets the count.
   grad_sync_stats take_stats() noexcept { return std::exchange(stats_, grad_sync_stats{}); }
-  const grad_sync_stats& stats() const noexcept { return stats_; }
   void restore_orders(std::vector<bucket_order> orders) {
     reduction_.restore_orders(std::move(orders));
   }

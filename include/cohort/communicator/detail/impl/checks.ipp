@@ -56,6 +56,8 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
       {"bucket_bytes", std::to_string(options_.bucket_bytes)},
       {"first_bucket_bytes", std::to_string(options_.first_bucket_bytes)},
       {"fusion_threshold_bytes", std::to_string(options_.fusion_threshold_bytes)},
+      // (ranks that cut a message into other segments would call MPI with other counts)
+      {"segment_bytes", std::to_string(options_.segment_bytes)},
       {"timeout", std::to_string(options_.timeout.count()) + " ms"},
       {"ranks per node (simulated_ranks_per_node or COHORT_RANKS_PER_NODE)",
        ranks_per_node == 0 ? std::string("as MPI says") : std::to_string(ranks_per_node)}};
