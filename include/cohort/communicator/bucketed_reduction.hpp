@@ -179,10 +179,9 @@ private:
   entry* current_ = nullptr;
   std::uint64_t clock_ = 0;
   std::vector<std::size_t> order_;
-  std::vector<std::size_t> learned_; // an order to rebuild a plan with, at its next prepare
-  std::uint64_t learned_key_ = 0;    // of the layout it was seen on
-  bool has_learned_ = false;
-  std::vector<bucket_order> restored_; // from a checkpoint, adopted at their layout's prepare
+  // Orders to rebuild a layout's plan in at its next prepare: seen at a step (rank 0's), or
+  // restored from a checkpoint. One mechanism for both; a restore replaces what was pending.
+  std::vector<bucket_order> pending_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
 };

@@ -40,43 +40,27 @@ COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_
   }
   found->used = clock_;
   current_ = &*found;
-  if (has_learned_ && learned_key_ == key && !found->learned) {
-    learn_order(slots, learned_, reduction);
-    has_learned_ = false;
-  }
-  // A restored order wins over one learned since (a resume after a step): the run it continues
-  // reduced in it.
-  const auto restored = std::find_if(restored_.begin(), restored_.end(),
-                                     [&](const bucket_order& o) { return o.layout == key; });
-  if (restored != restored_.end()) {
-    if (restored->order.size() == slots.size()) { // (the layout says so)
+  // An order pending for this layout (seen at the last step, or restored from a checkpoint)
+  // wins over one learned before it: a restored one is what the run it continues reduced in.
+  const auto pending = std::find_if(pending_.begin(), pending_.end(),
+                                    [&](const bucket_order& o) { return o.layout == key; });
+  if (pending != pending_.end()) {
+    if (pending->order.size() == slots.size()) { // (the layout says so)
       found->learned = false;
-      learn_order(slots, restored->order, reduction);
-      if (has_learned_ && learned_key_ == key) {
-        has_learned_ = false;
-      }
+      learn_order(slots, pending->order, reduction);
     }
-    restored_.erase(restored);
+    pending_.erase(pending);
   }
   return found->plan;
 }
 
 COHORT_DECL std::vector<bucket_order> bucketed_reduction::learned_orders() const {
-  // What the next step of each layout will reduce in: an order from a checkpoint, not yet
-  // adopted, first; then one seen at the last step, adopted at the next; then the plans'.
-  std::vector<bucket_order> orders = restored_;
-  const auto add = [&](std::uint64_t layout, std::span<const std::size_t> order) {
-    if (std::none_of(orders.begin(), orders.end(),
-                     [&](const bucket_order& o) { return o.layout == layout; })) {
-      orders.push_back({layout, {order.begin(), order.end()}});
-    }
-  };
-  if (has_learned_) {
-    add(learned_key_, learned_);
-  }
+  // What the next step of each layout will reduce in: a pending order first, then the plans'.
+  std::vector<bucket_order> orders = pending_;
   for (const entry& e : entries_) {
-    if (e.learned) {
-      add(e.key, e.plan.order());
+    if (e.learned && std::none_of(orders.begin(), orders.end(),
+                                  [&](const bucket_order& o) { return o.layout == e.key; })) {
+      orders.push_back({e.key, {e.plan.order().begin(), e.plan.order().end()}});
     }
   }
   return orders;
@@ -95,7 +79,7 @@ COHORT_DECL void bucketed_reduction::restore_orders(std::vector<bucket_order> or
       seen[i] = true;
     }
   }
-  restored_ = std::move(orders);
+  pending_ = std::move(orders);
 }
 
 COHORT_DECL bool bucketed_reduction::learn_order(std::span<const grad_slot> slots,
@@ -113,9 +97,9 @@ COHORT_DECL bool bucketed_reduction::learn_order(std::span<const grad_slot> slot
 }
 
 COHORT_DECL void bucketed_reduction::remember_order(std::span<const std::int64_t> order) {
-  learned_.assign(order.begin(), order.end());
-  learned_key_ = current_key();
-  has_learned_ = true;
+  const std::uint64_t key = current_key();
+  std::erase_if(pending_, [&](const bucket_order& o) { return o.layout == key; });
+  pending_.push_back({key, {order.begin(), order.end()}});
 }
 
 COHORT_DECL void bucketed_reduction::own_buffers() {
