@@ -11,9 +11,18 @@
 //               agree, rank 0 writes the manifest and removes the checkpoint keep N lets go)
 //   memcpy      copying the same bytes in memory
 // Every timing is the slowest rank's, after a barrier; cohort and the plain operation take turns
-// going first. Reads are cold, as a job that resumes after
-// a crash reads them: before each resume and each plain read, every file of the run is dropped
-// from the page cache (posix_fadvise DONTNEED, which needs no privilege once they are synced).
+// going first. Before each of them, every file of the run is dropped from the
+// page cache (posix_fadvise DONTNEED, which needs no privilege once they are synced):
+// - reads are then cold, as a job that resumes after a crash reads them;
+// - writes then fill memory the kernel has just freed. On a VM whose balloon reports free pages
+//   to the host (this one: Firecracker, virtio-balloon with free page reporting), memory freed
+//   seconds ago is taken back by the host, and the first write into it faults on the host:
+//   1 GB written into the page cache took 2.3 s instead of 0.2 s, 59% of it in the kernel's
+//   copy_folio_from_iter_atomic (perf). Which operation got such memory depended on the order,
+//   not on the operation: `dd` over its own file reuses the pages its truncation freed, a
+//   checkpoint (which keeps the previous one until the new one is complete) needs new ones, and
+//   `dd` to a new file while the old one stays paid the same 2.2-2.9 s. Dropped caches give
+//   every write the same memory.
 //
 //   mpirun -np 2 bench_checkpoint --bytes 100M [--reps 5] [--dir DIR]
 #include <cohort/checkpoint.hpp>
@@ -157,9 +166,15 @@ int main(int argc, char** argv) {
       // This VM's disk makes a write that follows another large one pay for it (the host is
       // still flushing the first), so cohort and the plain operation take turns going first.
       const auto cohort_save = [&] {
+        if (comm.rank() == 0) {
+          drop_cache(dir);
+        }
         save.push_back(bench::time_once(raw, [&] { sync.save(step, params); }));
       };
       const auto plain_save = [&] {
+        if (comm.rank() == 0) {
+          drop_cache(dir);
+        }
         dd.push_back(bench::time_once(raw, [&] {
           if (comm.rank() == 0) {
             plain_write(dir / "plain", values);
@@ -198,6 +213,11 @@ int main(int argc, char** argv) {
         cohort_resume();
       }
       stall.push_back(bench::time_once(raw, [&] { async.save(step, params); }));
+      // The writer thread writes into memory just freed, as the other writes do (dropping before
+      // the stall's timing would slow its memcpy: the host takes the freed memory back meanwhile).
+      if (comm.rank() == 0) {
+        drop_cache(dir / "sync");
+      }
       // Training goes on while the writer thread writes (here: a sleep twice as long as a
       // synchronous save took); then what the next call does on the trainer's thread to complete
       // the checkpoint (the ranks agree, rank 0 writes the manifest and prunes).
