@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -253,6 +254,8 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
               s.unchecked_rows ? "; off for naive/nocheck, flat/nocheck and tensor/nocheck" : "");
   std::printf("# timeout: 10 min (the default: watched by the watchdog) everywhere but "
               "flat/notimeout (0: nothing watched)\n");
+  std::printf("# trace: off everywhere but flat/traced (COHORT_TRACE: each rank writes its "
+              "spans to a file)\n");
   std::printf("%s\n", gpu_line.c_str());
   std::printf("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (0 at one rank), as in "
               "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time (gpu rows: / gpu raw nccl)\n");
@@ -303,6 +306,13 @@ int run(int argc, char** argv) {
   cohort::communicator_options untimed = checked;
   untimed.timeout = std::chrono::milliseconds(0);
   cohort::flat flat_untimed(world, untimed);
+  // The price of the trace (COHORT_TRACE): the same as flat, each rank writing its spans.
+  cohort::communicator_options traced = checked;
+  const std::filesystem::path trace_dir =
+      std::filesystem::temp_directory_path() /
+      ("cohort-bench-allreduce-trace-" + std::to_string(world.rank()));
+  traced.trace_directory = trace_dir.string();
+  std::optional<cohort::flat> flat_traced(std::in_place, world, traced);
   // The raw calls go to a communicator of the same kind as cohort's (a duplicate of world), so
   // that MPI picks its algorithm under the same conditions; the bookkeeping stays on world.
   const MPI_Comm raw_comm = naive.mpi_comm();
@@ -380,6 +390,9 @@ int run(int argc, char** argv) {
                          [&] { flat_unchecked.allreduce_grad(grads.params, cohort::sum{}); },
                          fill_grads, check_grads});
     }
+    methods.push_back({"flat/traced",
+                       [&] { flat_traced->allreduce_grad(grads.params, cohort::sum{}); },
+                       fill_grads, check_grads});
     methods.push_back({"flat/notimeout",
                        [&] { flat_untimed.allreduce_grad(grads.params, cohort::sum{}); },
                        fill_grads, check_grads});
@@ -446,6 +459,8 @@ int run(int argc, char** argv) {
     const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - wall_start;
     std::printf("# all results verified; wall time %.2f s\n", wall.count());
   }
+  flat_traced.reset(); // (its trace written out)
+  std::filesystem::remove_all(trace_dir);
   return 0;
 }
 

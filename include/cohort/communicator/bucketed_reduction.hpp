@@ -91,13 +91,14 @@ public:
   };
 
   //! Reduces bucket `b` of the current plan, in its own buffer (`own_buffers` first) or the
-  //! shared one. Not thread-safe: one bucket at a time.
-  template <class Exchange>
+  //! shared one, with `packer` (a host one: host_packer, or one that wraps it). Not thread-safe:
+  //! one bucket at a time.
+  template <class Exchange, class Packer = host_packer>
   void reduce_bucket(std::size_t b, std::span<const grad_slot> slots, Exchange&& exchange,
-                     bool own_buffer = false) {
-    reduce_bucket_with(host_packer{},
-                       own_buffer ? current_->owned[b].data() : current_->shared.data(), b, slots,
-                       exchange);
+                     bool own_buffer = false, const Packer& packer = {}) {
+    static_assert(Packer::where == memory_location::host);
+    reduce_bucket_with(packer, own_buffer ? current_->owned[b].data() : current_->shared.data(), b,
+                       slots, exchange);
   }
 
   //! Reduces bucket `b` of the current plan with `packer` (where the gradients live): a gradient

@@ -233,6 +233,7 @@ protected:
 
   //! The checks, for a strategy's own front doors (the device strategies' collectives).
   const detail::checks& checks() const noexcept { return checks_; }
+  detail::checks& checks() noexcept { return checks_; }
 
   template <class Checks>
   static std::string local_checks(Checks&& checks) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -61,6 +62,14 @@ struct communicator_options {
   //! others wait for it in their next collective. docs/failure.md says what happens when it
   //! fires.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+
+  //! A directory where each rank writes a trace of its gradient reductions,
+  //! `cohort-trace-rank<r>.json` (Chrome trace format: chrome://tracing, ui.perfetto.dev;
+  //! tools/merge_traces.py joins the ranks' files): per step and per bucket the wait for the
+  //! gradients, pack, reduce, unpack and the agreements, with bytes and strategy. Empty reads the
+  //! environment variable COHORT_TRACE instead; neither set, nothing is recorded (one branch per
+  //! span). Each rank's own: not compared across ranks.
+  std::string trace_directory{};
 };
 
 } // namespace COHORT_ABI_NAMESPACE

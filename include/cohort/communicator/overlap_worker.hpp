@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cohort/config.hpp>
+#include <cohort/trace/recorder.hpp>
 
 #include <condition_variable>
 #include <cstddef>
@@ -29,7 +30,10 @@ template <class Owner>
 class overlap_worker {
 public:
   overlap_worker()
-      : thread_([this] { loop(); }) {}
+      : thread_([this] {
+        this_trace_thread() = trace_thread::reducer;
+        loop();
+      }) {}
 
   ~overlap_worker() {
     {

@@ -19,6 +19,7 @@
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/location.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/trace/recorder.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -108,7 +109,12 @@ public:
   //! The strategy (its name and its type's) and every option, compared across ranks once when a
   //! communicator is made, whatever check_agreement says (ranks that disagree on it could not
   //! even agree to compare later). Throws `mismatch_error` on every rank naming the option.
-  void agree_on_options(std::string_view strategy, std::string_view strategy_type) const;
+  //! Starts the trace (communicator_options::trace_directory, or COHORT_TRACE) first: a rank
+  //! that cannot write its file is a problem every rank hears of here.
+  void agree_on_options(std::string_view strategy, std::string_view strategy_type);
+
+  //! This rank's trace, or null when tracing is off.
+  trace_recorder* trace() const noexcept { return trace_.get(); }
 
   //! Throws `error` unless MPI was started with MPI_THREAD_MULTIPLE, which a reduction on
   //! cohort's own thread needs.
@@ -166,6 +172,9 @@ private:
                          const std::string& problem) const {
     fingerprint f;
     f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+    // (`who` names the rendezvous, not the thread: the end of an overlapped step settles at
+    // the reducer's on the trainer's thread)
+    const trace_span span(trace_.get(), "agreement", this_trace_thread(), 0, -1, operation);
     require_agreement(*live_, who, operation, sequence, f.value(), [&] {
       if (!problem.empty()) {
         return std::vector<signature_entry>{{"the call", "failed (" + problem + ")"}};
@@ -180,6 +189,7 @@ private:
 
   std::unique_ptr<liveness> live_;
   communicator_options options_;
+  std::unique_ptr<trace_recorder> trace_;
 };
 
 } // namespace detail

@@ -188,6 +188,10 @@ private:
   void mark_ready(std::size_t index);
 
   bucketed_reduction reduction_;
+  // For the trace (only read when it is on): when the step began, and since when cohort's
+  // thread has been waiting for its next bucket's gradients.
+  std::chrono::steady_clock::time_point step_began_{};
+  std::chrono::steady_clock::time_point reducer_idle_since_{};
   // Counted by the caller's thread, and by cohort's in reduce_bucket while a step is in flight
   // (the caller reads it only after finish has waited for that thread).
   grad_sync_stats stats_;

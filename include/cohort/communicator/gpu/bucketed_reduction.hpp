@@ -20,6 +20,7 @@
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/trace/nvtx.hpp>
 #include <cohort/transport/cuda.hpp>
 
 #include <cuda_runtime_api.h>
@@ -81,7 +82,11 @@ public:
   void run(std::span<const grad_slot> slots, cudaStream_t stream, Exchange&& exchange) {
     for (std::size_t b = 0; b < plans_.bucket_count(); ++b) {
       const device_packer packer{stream, workspaces_[b]->pack, workspaces_[b]->unpack};
-      plans_.reduce_bucket_with(packer, buffer_.data(), b, slots, exchange);
+      plans_.reduce_bucket_with(packer, buffer_.data(), b, slots,
+                                [&](tensor_view packed, reduce_op op) {
+                                  const nvtx_range range("cohort reduce");
+                                  exchange(packed, op);
+                                });
     }
   }
 
@@ -96,13 +101,16 @@ private:
     kernels::device::batch_workspace& pack_tables;
     kernels::device::batch_workspace& unpack_tables;
     void scale(tensor_view data, double factor) const {
+      const nvtx_range range("cohort scale");
       kernels::device::scale(data, factor, stream);
     }
     void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor) const {
+      const nvtx_range range("cohort pack");
       kernels::device::pack(sources, buffer, factor, stream, pack_tables);
     }
     void unpack(const_tensor_view buffer, std::span<const tensor_view> targets,
                 double factor) const {
+      const nvtx_range range("cohort unpack");
       kernels::device::unpack(buffer, targets, factor, stream, unpack_tables);
     }
   };

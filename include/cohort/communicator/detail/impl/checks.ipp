@@ -6,6 +6,8 @@
 
 #include <cohort/communicator/detail/checks.hpp>
 
+#include <cstdlib>
+
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
@@ -45,10 +47,23 @@ COHORT_DECL void checks::agree_root(const char* operation, int root) const {
 }
 
 COHORT_DECL void checks::agree_on_options(std::string_view strategy,
-                                          std::string_view strategy_type) const {
+                                          std::string_view strategy_type) {
   int ranks_per_node = 0;
-  const std::string problem = local_checks(
-      [&] { ranks_per_node = ranks_per_node_override(options_.simulated_ranks_per_node); });
+  const std::string problem = local_checks([&] {
+    ranks_per_node = ranks_per_node_override(options_.simulated_ranks_per_node);
+    std::string directory = options_.trace_directory;
+    if (const char* variable = std::getenv("COHORT_TRACE");
+        directory.empty() && variable != nullptr) {
+      directory = variable;
+    }
+    if (!directory.empty()) {
+      try {
+        trace_ = std::make_unique<trace_recorder>(directory, rank(), strategy);
+      } catch (const error& e) {
+        throw invalid_argument(e.what());
+      }
+    }
+  });
   const std::vector<std::pair<const char*, std::string>> values = {
       {"the strategy", std::string(strategy)},
       {"the strategy's type", std::string(strategy_type)},
@@ -79,6 +94,9 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
                     });
   if (!problem.empty()) {
     throw invalid_argument(problem);
+  }
+  if (trace_) {
+    trace_->set_origin(); // every rank leaves the agreement at about the same time
   }
 }
 

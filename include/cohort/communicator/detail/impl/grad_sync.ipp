@@ -11,6 +11,37 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
+// The host packer, each call a span of the trace when it is on (one branch when off).
+struct traced_host_packer {
+  static constexpr memory_location where = memory_location::host;
+  trace_recorder* trace = nullptr;
+  trace_thread thread = trace_thread::trainer;
+  std::int64_t bucket = -1;
+
+  void scale(tensor_view data, double factor) const {
+    const trace_span span(trace, "scale", thread, data.size_bytes(), bucket);
+    bucketed_reduction::host_packer{}.scale(data, factor);
+  }
+  void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor) const {
+    const trace_span span(trace, "pack", thread, buffer.size_bytes(), bucket);
+    bucketed_reduction::host_packer{}.pack(sources, buffer, factor);
+  }
+  void unpack(const_tensor_view buffer, std::span<const tensor_view> targets, double factor) const {
+    const trace_span span(trace, "unpack", thread, buffer.size_bytes(), bucket);
+    bucketed_reduction::host_packer{}.unpack(buffer, targets, factor);
+  }
+};
+
+// Bucket `b`'s exchange through strategy `s`, a span of the trace when it is on.
+inline auto traced_exchange(const strategy_ref& s, trace_recorder* trace, trace_thread thread,
+                            std::size_t b) {
+  return [&s, trace, thread, b](tensor_view packed, reduce_op op) {
+    const trace_span span(trace, "reduce", thread, packed.size_bytes(),
+                          static_cast<std::int64_t>(b));
+    s.exchange(s.self, packed, op);
+  };
+}
+
 COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref& s,
                                             const reduction_table& table, missing_grad missing,
                                             std::string problem) {
@@ -18,20 +49,27 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
   validate(c, s, table, missing, "blocking", std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
   const auto reducing = std::chrono::steady_clock::now();
+  trace_recorder* const trace = c.trace();
   c.fatal_on_failure("allreduce_grad", [&] {
     const std::span<const grad_slot> slots(slots_);
     if (s.device()) {
+      const trace_span span(trace, "reduce (enqueued on the device)", trace_thread::trainer,
+                            step_bytes_);
       s.reduce_all(s.self, slots, table);
       return;
     }
     const std::size_t buckets = reduction_.plan().buckets().size();
     for (std::size_t b = 0; b < buckets; ++b) {
       reduction_.reduce_bucket(
-          b, slots, [&](tensor_view packed, reduce_op op) { s.exchange(s.self, packed, op); });
+          b, slots, traced_exchange(s, trace, trace_thread::trainer, b), /*own_buffer=*/false,
+          traced_host_packer{trace, trace_thread::trainer, static_cast<std::int64_t>(b)});
     }
     stats_.buckets += buckets;
   });
   const auto end = std::chrono::steady_clock::now();
+  if (trace != nullptr) {
+    trace->span("allreduce_grad", trace_thread::trainer, start, end, step_bytes_, -1, "blocking");
+  }
   stats_.reducing += end - reducing;
   stats_.exposed += end - start;
   stats_.bytes += step_bytes_;
@@ -60,7 +98,13 @@ COHORT_DECL void grad_sync::require_overlap_possible(const checks& c, const void
 COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Comm world,
                                   const reduction_table& table, missing_grad missing,
                                   const void* owner, std::string problem) {
+  if (c.trace() != nullptr) {
+    step_began_ = std::chrono::steady_clock::now();
+  }
   validate(c, s, table, missing, "overlapped", std::move(problem));
+  if (c.trace() != nullptr) {
+    reducer_idle_since_ = std::chrono::steady_clock::now();
+  }
   checks_ = &c;
   world_ = world;
   strategy_ = s;
@@ -153,9 +197,16 @@ COHORT_DECL void grad_sync::finish() {
   if (reduction_.learning() && abandoned_from_.load() == none) {
     learn_order(c);
   }
-  stats_.exposed += std::chrono::steady_clock::now() - start;
+  const auto end = std::chrono::steady_clock::now();
+  stats_.exposed += end - start;
   stats_.bytes += step_bytes_;
   ++stats_.steps;
+  if (trace_recorder* const trace = c.trace()) {
+    trace->span("wait", trace_thread::trainer, start, end, step_bytes_, -1,
+                "allreduce_grad (end of the step)");
+    trace->span("allreduce_grad", trace_thread::trainer, step_began_, end, step_bytes_, -1,
+                "overlapped");
+  }
 }
 
 COHORT_DECL void grad_sync::abandon(std::string_view why) noexcept {
@@ -204,6 +255,21 @@ COHORT_DECL void grad_sync::require_no_pending(const checks& c, std::string_view
 COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   const checks& c = *checks_;
   const bucket& k = reduction_.plan().buckets()[b];
+  trace_recorder* const trace = c.trace();
+  if (trace != nullptr) {
+    trace->span("wait for readiness", trace_thread::reducer, reducer_idle_since_,
+                std::chrono::steady_clock::now(), k.count * size_of(k.plan.wire),
+                static_cast<std::int64_t>(b));
+  }
+  struct idle_from_return {
+    trace_recorder* trace;
+    std::chrono::steady_clock::time_point& since;
+    ~idle_from_return() {
+      if (trace != nullptr) {
+        since = std::chrono::steady_clock::now();
+      }
+    }
+  } idle{trace, reducer_idle_since_};
   if (c.options().check_agreement) {
     std::string problem = problem_flag_.load(std::memory_order_acquire) ? problem_ : std::string();
     fingerprint f;
@@ -221,8 +287,8 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
     reduction_.reduce_bucket(
         b, std::span<const grad_slot>(slots_),
-        [&](tensor_view packed, reduce_op op) { strategy_.exchange(strategy_.self, packed, op); },
-        /*own_buffer=*/true);
+        traced_exchange(strategy_, trace, trace_thread::reducer, b), /*own_buffer=*/true,
+        traced_host_packer{trace, trace_thread::reducer, static_cast<std::int64_t>(b)});
   });
   stats_.reducing += std::chrono::steady_clock::now() - start;
   ++stats_.buckets;
@@ -251,6 +317,8 @@ COHORT_DECL void grad_sync::validate(const checks& c, const strategy_ref& s,
   }
   step_bytes_ = bytes;
   const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
+  const trace_span span(c.options().check_agreement ? c.trace() : nullptr, "agreement",
+                        trace_thread::trainer, 0, -1, "allreduce_grad");
   validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence, slots_,
                      c.options().check_agreement, missing, problem, mode, table);
 }

@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// A per-rank trace of what cohort's gradient reductions spend their time on, in the Chrome trace
+// event format (JSON array form), which chrome://tracing and https://ui.perfetto.dev open: one
+// file per rank, `pid` the rank, `tid` 0 the trainer's thread and 1 cohort's reduction thread.
+// Events are appended as they end and written out a megabyte at a time, so that a long run holds
+// no more than that in memory; the array form lets a file cut short by a killed job open all the
+// same (the closing bracket is optional in that format). Time 0 of every rank is the end of the
+// agreement that made the communicator, so that one machine's ranks line up in
+// tools/merge_traces.py's merged view without correction (across machines, to within the clocks'
+// offset).
+
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+
+//! The threads a trace shows for each rank.
+enum class trace_thread : int { trainer = 0, reducer = 1 };
+
+//! The calling thread's row in the trace: cohort's reduction thread sets its own once; every
+//! other thread is the trainer's.
+inline trace_thread& this_trace_thread() noexcept {
+  thread_local trace_thread role = trace_thread::trainer;
+  return role;
+}
+
+//! Writes one rank's trace to `directory/cohort-trace-rank<rank>.json`. Thread-safe (the
+//! trainer's and cohort's threads record into it at once).
+class trace_recorder {
+public:
+  using clock = std::chrono::steady_clock;
+
+  //! Creates `directory` (and its parents) if need be and the rank's file; throws `error` naming
+  //! the file if it cannot be written. `strategy` is given as an argument of every event. Past
+  //! `max_bytes` of events, recording stops and the file ends with an event saying so.
+  trace_recorder(const std::filesystem::path& directory, int rank, std::string_view strategy,
+                 std::uint64_t max_bytes = std::uint64_t{1} << 30)
+      : path_(directory / ("cohort-trace-rank" + std::to_string(rank) + ".json"))
+      , rank_(rank)
+      , strategy_(strategy)
+      , max_bytes_(max_bytes)
+      , origin_(clock::now()) {
+    std::error_code code;
+    std::filesystem::create_directories(directory, code);
+    file_.reset(std::fopen(path_.c_str(), "w"));
+    if (!file_) {
+      throw error("cohort: cannot write the trace file " + path_.string() + " (" +
+                  (code ? code.message() : std::string(std::strerror(errno))) +
+                  "): COHORT_TRACE or communicator_options::trace_directory names a directory "
+                  "this rank cannot write to");
+    }
+    buffer_.reserve(flush_bytes + 1024);
+    buffer_ += "[\n";
+    const std::string pid = std::to_string(rank_);
+    buffer_ += R"({"name":"process_name","ph":"M","pid":)" + pid + R"(,"args":{"name":"rank )" +
+               pid + R"("}},)" + "\n";
+    buffer_ += R"({"name":"process_sort_index","ph":"M","pid":)" + pid +
+               R"(,"args":{"sort_index":)" + pid + "}},\n";
+    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid +
+               R"(,"tid":0,"args":{"name":"trainer"}},)" + "\n";
+    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid +
+               R"(,"tid":1,"args":{"name":"cohort reduction thread"}},)" + "\n";
+  }
+
+  trace_recorder(const trace_recorder&) = delete;
+  trace_recorder& operator=(const trace_recorder&) = delete;
+
+  //! Writes what is left and closes the array.
+  ~trace_recorder() {
+    const std::lock_guard lock(mutex_);
+    buffer_ += R"({"name":"end of trace","ph":"i","s":"p","pid":)" + std::to_string(rank_) +
+               R"(,"tid":0,"ts":)" + microseconds(clock::now()) + "}\n]\n";
+    write_buffer();
+  }
+
+  //! Time 0 of the trace: now (every rank calls this as it leaves the same collective).
+  void set_origin() noexcept { origin_ = clock::now(); }
+
+  //! One span that ran from `start` to `end` on `thread`. `bytes` and `bucket` (the bucket's
+  //! index in its plan, or -1) are given as arguments, with `operation` (cohort's name of the
+  //! call it is part of) if not null. Names and operations are cohort's own string literals.
+  void span(const char* name, trace_thread thread, clock::time_point start, clock::time_point end,
+            std::uint64_t bytes = 0, std::int64_t bucket = -1,
+            const char* operation = nullptr) noexcept {
+    // Formatted here, without allocating (a few hundred nanoseconds: bench/allreduce's
+    // flat/traced row), then appended under the lock.
+    line text;
+    text.put(R"({"name":")").put(name).put(R"(","cat":"cohort","ph":"X","pid":)");
+    text.number(rank_).put(R"(,"tid":)").number(static_cast<int>(thread)).put(R"(,"ts":)");
+    text.microseconds(start - origin_).put(R"(,"dur":)").microseconds(end - start);
+    text.put(R"(,"args":{"strategy":")").put(strategy_).put(R"(","bytes":)").number(bytes);
+    text.put(R"(,"bucket":)").number(bucket);
+    if (operation != nullptr) {
+      text.put(R"(,"operation":")").put(operation).put("\"");
+    }
+    text.put("}},\n");
+    if (!text.whole()) {
+      return;
+    }
+    const std::lock_guard lock(mutex_);
+    if (written_ + buffer_.size() + text.size() > max_bytes_) {
+      if (!full_) {
+        full_ = true;
+        line note;
+        note.put(R"({"name":"trace full (max_bytes reached): later events are not recorded",)")
+            .put(R"("ph":"i","s":"p","pid":)")
+            .number(rank_)
+            .put(R"(,"tid":0,"ts":)")
+            .microseconds(end - origin_)
+            .put("},\n");
+        buffer_.append(note.view());
+      }
+      return;
+    }
+    buffer_.append(text.view());
+    if (buffer_.size() >= flush_bytes) {
+      write_buffer();
+    }
+  }
+
+  const std::filesystem::path& file() const noexcept { return path_; }
+
+private:
+  static constexpr std::size_t flush_bytes = std::size_t{1} << 20;
+
+  struct closer {
+    void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+  };
+
+  // One event's text, in a fixed buffer; `whole()` is false if it did not fit (never, for
+  // cohort's own names).
+  class line {
+  public:
+    line() = default;
+    line(const line&) = delete; // (points into itself)
+    line& operator=(const line&) = delete;
+    line& put(std::string_view text) noexcept {
+      if (text.size() > static_cast<std::size_t>(end_ - at_)) {
+        whole_ = false;
+        return *this;
+      }
+      std::memcpy(at_, text.data(), text.size());
+      at_ += text.size();
+      return *this;
+    }
+    template <class Integer>
+    line& number(Integer value) noexcept {
+      const auto [to, failed] = std::to_chars(at_, end_, value);
+      if (failed != std::errc{}) {
+        whole_ = false;
+        return *this;
+      }
+      at_ = to;
+      return *this;
+    }
+    //! Microseconds (the format's unit) to the nanosecond.
+    line& microseconds(clock::duration d) noexcept {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+      const auto magnitude = static_cast<std::uint64_t>(ns < 0 ? -ns : ns);
+      if (ns < 0) {
+        put("-");
+      }
+      number(magnitude / 1000).put(".");
+      const auto fraction = static_cast<unsigned>(magnitude % 1000);
+      const char digits[3] = {static_cast<char>('0' + fraction / 100),
+                              static_cast<char>('0' + fraction / 10 % 10),
+                              static_cast<char>('0' + fraction % 10)};
+      return put({digits, 3});
+    }
+    bool whole() const noexcept { return whole_; }
+    std::size_t size() const noexcept { return static_cast<std::size_t>(at_ - text_); }
+    std::string_view view() const noexcept { return {text_, size()}; }
+
+  private:
+    char text_[512];
+    char* at_ = text_;
+    char* end_ = text_ + sizeof text_;
+    bool whole_ = true;
+  };
+
+  std::string microseconds(clock::time_point t) const {
+    line text;
+    text.microseconds(t - origin_);
+    return std::string(text.view());
+  }
+
+  // Under mutex_. A write that fails (a full disk) loses those events, not the run: a trace is a
+  // diagnostic, and what was written before stays readable.
+  void write_buffer() noexcept {
+    if (!buffer_.empty() && file_) {
+      written_ += std::fwrite(buffer_.data(), 1, buffer_.size(), file_.get());
+      std::fflush(file_.get());
+    }
+    buffer_.clear();
+  }
+
+  std::filesystem::path path_;
+  int rank_;
+  std::string strategy_;
+  std::uint64_t max_bytes_;
+  clock::time_point origin_;
+  std::unique_ptr<std::FILE, closer> file_;
+  std::mutex mutex_;
+  std::string buffer_;
+  std::uint64_t written_ = 0;
+  bool full_ = false;
+};
+
+//! Records the span from its construction to its end into `recorder`, if not null: a branch,
+//! and nothing else, when tracing is off.
+class trace_span {
+public:
+  trace_span(trace_recorder* recorder, const char* name, trace_thread thread,
+             std::uint64_t bytes = 0, std::int64_t bucket = -1,
+             const char* operation = nullptr) noexcept
+      : recorder_(recorder)
+      , name_(name)
+      , thread_(thread)
+      , bytes_(bytes)
+      , bucket_(bucket)
+      , operation_(operation) {
+    if (recorder_ != nullptr) {
+      start_ = trace_recorder::clock::now();
+    }
+  }
+  ~trace_span() {
+    if (recorder_ != nullptr) {
+      recorder_->span(name_, thread_, start_, trace_recorder::clock::now(), bytes_, bucket_,
+                      operation_);
+    }
+  }
+  trace_span(const trace_span&) = delete;
+  trace_span& operator=(const trace_span&) = delete;
+
+private:
+  trace_recorder* recorder_;
+  const char* name_;
+  trace_thread thread_;
+  std::uint64_t bytes_;
+  std::int64_t bucket_;
+  const char* operation_;
+  trace_recorder::clock::time_point start_{};
+};
+
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: Apache-2.0
+// The per-rank trace (communicator_options::trace_directory, COHORT_TRACE): each rank's file
+// parses as a Chrome trace, and its spans are the steps and buckets that ran (counted against the
+// communicator's own statistics), nested where they must be; a directory a rank cannot write is
+// an error on every rank.
+#define BOOST_TEST_MODULE communicator.trace
+#define BOOST_BIND_GLOBAL_PLACEHOLDERS // (boost/property_tree includes boost/bind.hpp)
+#include <cohort/cohort.hpp>
+
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/expect.hpp"
+#include "support/model.hpp"
+#include "support/mpi_test_main.hpp"
+
+using cohort::test::message_has;
+
+namespace {
+
+struct event {
+  std::string name;
+  int pid = -1;
+  int tid = -1;
+  double ts = 0;
+  double dur = 0;
+  std::string strategy;
+  std::string operation;
+  std::uint64_t bytes = 0;
+  long long bucket = -1;
+
+  double end() const { return ts + dur; }
+};
+
+// The complete ("X") events of a rank's trace file.
+std::vector<event> read_trace(const std::filesystem::path& file) {
+  boost::property_tree::ptree tree;
+  std::ifstream in(file);
+  BOOST_TEST_REQUIRE(in.good(), "no trace file " << file);
+  boost::property_tree::read_json(in, tree);
+  std::vector<event> events;
+  for (const auto& [key, node] : tree) {
+    if (node.get<std::string>("ph") != "X") {
+      continue;
+    }
+    // Every value read as text (Boost's numeric translators warn falsely under GCC 12 -O1).
+    const auto text = [&node](const char* key) { return node.get<std::string>(key); };
+    event e;
+    e.name = text("name");
+    e.pid = std::stoi(text("pid"));
+    e.tid = std::stoi(text("tid"));
+    e.ts = std::stod(text("ts"));
+    e.dur = std::stod(text("dur"));
+    e.strategy = text("args.strategy");
+    e.operation = node.get<std::string>("args.operation", "");
+    e.bytes = std::stoull(text("args.bytes"));
+    e.bucket = std::stoll(text("args.bucket"));
+    events.push_back(e);
+  }
+  return events;
+}
+
+std::vector<event> named(const std::vector<event>& events, const std::string& name, int tid) {
+  std::vector<event> out;
+  std::copy_if(events.begin(), events.end(), std::back_inserter(out),
+               [&](const event& e) { return e.name == name && e.tid == tid; });
+  return out;
+}
+
+// A directory of the job's own (the same on every rank), emptied.
+template <class Communicator>
+std::filesystem::path fresh_directory(Communicator& comm, const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("cohort-test-trace-" + comm.bcast_obj(std::to_string(::getpid())) + "-" + name);
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+  comm.barrier();
+  return dir;
+}
+
+std::filesystem::path file_of(const std::filesystem::path& dir, int rank) {
+  return dir / ("cohort-trace-rank" + std::to_string(rank) + ".json");
+}
+
+// Every span on `tid` within one of `outer` (same thread), and the spans of `tid` one after
+// another, never overlapping (one thread does one thing at a time).
+void require_nested_in(const std::vector<event>& inner, const std::vector<event>& outer) {
+  constexpr double slack = 0.002; // microseconds: the format's three decimals
+  for (const event& e : inner) {
+    const bool inside = std::any_of(outer.begin(), outer.end(), [&](const event& o) {
+      return o.tid == e.tid && o.ts <= e.ts + slack && e.end() <= o.end() + slack;
+    });
+    BOOST_TEST(inside, e.name << " at " << e.ts << " is in no enclosing span");
+  }
+}
+
+void require_sequential(std::vector<event> spans) {
+  std::sort(spans.begin(), spans.end(), [](const event& a, const event& b) { return a.ts < b.ts; });
+  for (std::size_t i = 1; i < spans.size(); ++i) {
+    BOOST_TEST(spans[i - 1].end() <= spans[i].ts + 0.002,
+               spans[i - 1].name << " overlaps " << spans[i].name << " on thread " << spans[i].tid);
+  }
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(blocking_steps_are_traced_bucket_by_bucket) {
+  auto probe = cohort::make_communicator<cohort::flat>();
+  const std::filesystem::path dir = fresh_directory(probe, "blocking");
+  constexpr int steps = 3;
+  cohort::grad_sync_stats stats;
+  {
+    // Small buckets and a low fusion threshold: packed buckets and in-place ones both.
+    auto comm = cohort::make_communicator<cohort::flat>(
+        {.bucket_bytes = 4096, .fusion_threshold_bytes = 4096, .trace_directory = dir.string()});
+    cohort::test::model<float> m(comm.size(), comm.rank());
+    for (int s = 0; s < steps; ++s) {
+      comm.allreduce_grad(m.params, cohort::mean{});
+    }
+    stats = comm.take_grad_sync_stats();
+  } // the trace is written out when the communicator goes
+  const std::vector<event> events = read_trace(file_of(dir, probe.rank()));
+  for (const event& e : events) {
+    BOOST_TEST(e.pid == probe.rank());
+    BOOST_TEST(e.strategy == "flat");
+    BOOST_TEST(e.dur >= 0);
+  }
+  const auto step_spans = named(events, "allreduce_grad", 0);
+  const auto reduces = named(events, "reduce", 0);
+  const auto packs = named(events, "pack", 0);
+  const auto unpacks = named(events, "unpack", 0);
+  const auto scales = named(events, "scale", 0);
+  BOOST_TEST(step_spans.size() == static_cast<std::size_t>(steps));
+  BOOST_TEST(reduces.size() == stats.buckets);
+  BOOST_TEST(packs.size() == unpacks.size());
+  BOOST_TEST(packs.size() + scales.size() / 2 == reduces.size()); // in place: scaled twice
+  BOOST_TEST(!packs.empty());
+  BOOST_TEST(!scales.empty());
+  std::uint64_t reduced = 0;
+  for (const event& e : reduces) {
+    reduced += e.bytes;
+    BOOST_TEST(e.bucket >= 0);
+  }
+  BOOST_TEST(reduced == stats.bytes); // float32 on the wire: the gradients' own bytes
+  std::uint64_t step_bytes = 0;
+  for (const event& e : step_spans) {
+    step_bytes += e.bytes;
+    BOOST_TEST(e.operation == "blocking");
+  }
+  BOOST_TEST(step_bytes == stats.bytes);
+  // The agreement of each step, inside it.
+  std::vector<event> agreements;
+  for (const event& e : named(events, "agreement", 0)) {
+    if (e.operation == "allreduce_grad") {
+      agreements.push_back(e);
+    }
+  }
+  BOOST_TEST(agreements.size() == static_cast<std::size_t>(steps));
+  require_nested_in(agreements, step_spans);
+  require_nested_in(reduces, step_spans);
+  require_nested_in(packs, step_spans);
+  require_nested_in(unpacks, step_spans);
+  std::vector<event> work = reduces;
+  work.insert(work.end(), packs.begin(), packs.end());
+  work.insert(work.end(), unpacks.begin(), unpacks.end());
+  work.insert(work.end(), agreements.begin(), agreements.end());
+  require_sequential(work);
+  probe.barrier();
+  if (probe.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(overlapped_steps_trace_the_reduction_thread) {
+  auto probe = cohort::make_communicator<cohort::flat>();
+  const std::filesystem::path dir = fresh_directory(probe, "overlapped");
+  constexpr int steps = 3;
+  cohort::grad_sync_stats stats;
+  {
+    // COHORT_TRACE, the option left empty.
+    ::setenv("COHORT_TRACE", dir.c_str(), 1);
+    auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 4096});
+    ::unsetenv("COHORT_TRACE");
+    cohort::test::model<double> m(comm.size(), comm.rank());
+    for (int s = 0; s < steps; ++s) {
+      auto request = comm.begin_allreduce_grad(m.params, cohort::sum{});
+      for (std::size_t t = m.params.size(); t-- > 0;) {
+        request.ready(t);
+      }
+      request.wait();
+    }
+    stats = comm.take_grad_sync_stats();
+  }
+  const std::vector<event> events = read_trace(file_of(dir, probe.rank()));
+  const auto step_spans = named(events, "allreduce_grad", 0);
+  const auto waits = named(events, "wait", 0);
+  const auto readiness = named(events, "wait for readiness", 1);
+  const auto reduces = named(events, "reduce", 1);
+  BOOST_TEST(step_spans.size() == static_cast<std::size_t>(steps));
+  BOOST_TEST(waits.size() == static_cast<std::size_t>(steps));
+  BOOST_TEST(reduces.size() == stats.buckets);
+  BOOST_TEST(readiness.size() == stats.buckets);  // one wait per bucket, however short
+  BOOST_TEST(named(events, "reduce", 0).empty()); // the buckets go on cohort's thread
+  for (const event& e : step_spans) {
+    BOOST_TEST(e.operation == "overlapped");
+  }
+  require_nested_in(waits, step_spans);
+  // cohort's thread: a wait, the bucket's agreement, pack, reduce, unpack, one after another.
+  std::vector<event> thread1;
+  std::copy_if(events.begin(), events.end(), std::back_inserter(thread1),
+               [](const event& e) { return e.tid == 1; });
+  require_sequential(thread1);
+  std::size_t bucket_agreements = 0;
+  for (const event& e : named(events, "agreement", 1)) {
+    bucket_agreements += e.operation == "allreduce_grad (a bucket)" ? 1 : 0;
+  }
+  BOOST_TEST(bucket_agreements == stats.buckets);
+  // The end of the step settles on the trainer's thread.
+  std::size_t step_ends = 0;
+  for (const event& e : named(events, "agreement", 0)) {
+    step_ends += e.operation == "allreduce_grad (end of the step)" ? 1 : 0;
+  }
+  BOOST_TEST(step_ends == static_cast<std::size_t>(steps));
+  BOOST_TEST(named(events, "agreement", 1).size() == stats.buckets);
+  probe.barrier();
+  if (probe.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_trace_directory_a_rank_cannot_write_is_an_error_on_every_rank) {
+  auto probe = cohort::make_communicator<cohort::flat>();
+  const std::filesystem::path dir = fresh_directory(probe, "unwritable");
+  std::filesystem::create_directories(dir);
+  probe.barrier();
+  // A directory inside a regular file cannot be made, not even by root. The last rank's only.
+  const std::filesystem::path file = dir / "a-file";
+  if (probe.rank() == 0) {
+    std::ofstream(file) << "not a directory";
+  }
+  probe.barrier();
+  const bool last = probe.rank() == probe.size() - 1;
+  const std::string where = last ? (file / "trace").string() : (dir / "trace").string();
+  const auto make = [&] { cohort::make_communicator<cohort::flat>({.trace_directory = where}); };
+  if (last) {
+    BOOST_CHECK_EXCEPTION(make(), cohort::error,
+                          message_has({"trace file", "a-file/trace", "cannot write"}));
+  } else {
+    BOOST_CHECK_EXCEPTION(make(), cohort::mismatch_error,
+                          message_has({"rank " + std::to_string(probe.size() - 1), "trace"}));
+  }
+  probe.barrier();
+  if (probe.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+}
