@@ -54,8 +54,8 @@ def rows(bench, side, i):
         if line.startswith("#") or not line.strip():
             continue
         f = line.split()
-        if bench == "grad_sync":    # method, grouping..., collectives, time, vs raw
-            out[" ".join(f[:-3])[:60]] = (float(f[-2]), None)
+        if bench == "grad_sync":    # method, grouping..., collectives, time, vs raw, vs tensor
+            out[" ".join(f[:-4])[:60]] = (float(f[-3]), None)
         elif bench == "overlap":    # compute, method..., time, vs ideal, vs sum
             out[" ".join(f[:-3])] = (float(f[-3]), None)
         else:                       # bytes, elements, tensors, method, time, ..., vs raw

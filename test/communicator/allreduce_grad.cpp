@@ -518,3 +518,106 @@ BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
   BOOST_TEST(g == std::vector<float>(4, static_cast<float>(comm.size())),
              boost::test_tools::per_element());
 }
+
+namespace {
+// A model of `tensors` small gradients of T: one packed bucket of a few KiB at most.
+template <class T>
+struct small_model {
+  std::vector<std::vector<T>> values, grads;
+  std::vector<param<T>> params;
+  small_model(int rank, std::size_t elements) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{3}, elements}) {
+      values.emplace_back(n);
+      grads.push_back(cohort::test::filled<T>(n, rank));
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      params.push_back({"small" + std::to_string(i), &values[i], &grads[i]});
+    }
+  }
+};
+
+// A step of `Strategy` carried in its agreement (check on) gives what the same step reduced after
+// it (check off: MPI's all-reduce) does, bit for bit where the sums are exact.
+template <class T, class Strategy, class Reducer>
+void check_carried(Strategy& carried, Strategy& uncarried, Reducer reducer, std::size_t elements) {
+  small_model<T> a(carried.rank(), elements), b(carried.rank(), elements);
+  carried.allreduce_grad(a.params, reducer);
+  uncarried.allreduce_grad(b.params, reducer);
+  for (std::size_t t = 0; t < a.grads.size(); ++t) {
+    for (std::size_t i = 0; i < a.grads[t].size(); ++i) {
+      const double got = as_double(a.grads[t][i]);
+      const double expected = as_double(b.grads[t][i]);
+      BOOST_TEST_REQUIRE(std::abs(got - expected) <= tolerance<T>() * std::max(1.0, expected),
+                         cohort::to_string(cohort::dtype_of_v<T>)
+                             << " tensor " << t << " element " << i << ": " << got << " vs "
+                             << expected);
+    }
+  }
+}
+
+template <class Strategy>
+void check_carried_every_dtype(cohort::communicator_options options) {
+  auto carried = cohort::make_communicator<Strategy>(options);
+  options.check_agreement = false;
+  auto uncarried = cohort::make_communicator<Strategy>(options);
+  // The largest fits the rendezvous exactly: 16 KiB of float32, less the two small tensors.
+  const std::size_t fits = cohort::detail::liveness::max_carried_bytes / sizeof(float) - 4;
+  for (const std::size_t n : {std::size_t{5}, std::size_t{1000}, fits, fits + 1}) {
+    check_carried<float>(carried, uncarried, cohort::sum{}, n);
+    check_carried<float>(carried, uncarried, cohort::mean{}, n);
+  }
+  check_carried<double>(carried, uncarried, cohort::mean{}, 100);
+  check_carried<cohort::float16>(carried, uncarried, cohort::mean{}, 100);
+  check_carried<cohort::bfloat16>(carried, uncarried, cohort::sum{}, 100);
+  check_carried<std::int32_t>(carried, uncarried, cohort::mean{}, 100);
+  check_carried<std::uint8_t>(carried, uncarried, cohort::sum{}, 100);
+  check_carried<float>(carried, uncarried, cohort::compressed<cohort::float16>{}, 100);
+}
+} // namespace
+
+// Issue 14: a blocking step of one small packed bucket travels in the step's agreement and is
+// reduced there (one round trip instead of two), on every strategy whose exchange is an
+// all-reduce; what it gives is what the exchange gives, and a mismatch leaves every gradient as
+// it was.
+BOOST_AUTO_TEST_CASE(a_small_step_rides_its_agreement) {
+  check_carried_every_dtype<cohort::flat>({});
+  check_carried_every_dtype<cohort::naive>({});
+  check_carried_every_dtype<cohort::hierarchical<>>({.simulated_ranks_per_node = 2});
+  const int n = boost::mpi::communicator().size();
+  if (n % 2 == 0) {
+    check_carried_every_dtype<cohort::two_dimensional<>>({.simulated_ranks_per_node = 2});
+  }
+  auto comm = cohort::make_communicator<cohort::flat>();
+  // Counted as one collective.
+  small_model<float> m(comm.rank(), 10);
+  (void)comm.take_grad_sync_stats();
+  comm.allreduce_grad(m.params, cohort::sum{});
+  const cohort::grad_sync_stats stats = comm.take_grad_sync_stats();
+  BOOST_TEST(stats.steps == 1u);
+  BOOST_TEST(stats.buckets == 1u);
+  BOOST_TEST(stats.bytes == 14u * sizeof(float));
+  if (comm.size() < 2) {
+    return;
+  }
+  // A rank whose layout differs: an error on every rank, every gradient untouched.
+  const int last = comm.size() - 1;
+  small_model<float> odd(comm.rank(), comm.rank() == last ? 11 : 10);
+  const auto before = odd.grads;
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(odd.params, cohort::sum{}), cohort::mismatch_error,
+      message_has({"parameter 'small2' (#2)", "10 float32 elements", "11 float32 elements"}));
+  BOOST_TEST((odd.grads == before));
+  // A rank that reduces otherwise (another reducer): the same.
+  small_model<float> other(comm.rank(), 10);
+  const auto other_before = other.grads;
+  const auto differently = [&] {
+    if (comm.rank() == last) {
+      comm.allreduce_grad(other.params, cohort::mean{});
+    } else {
+      comm.allreduce_grad(other.params, cohort::sum{});
+    }
+  };
+  BOOST_CHECK_THROW(differently(), cohort::mismatch_error);
+  BOOST_TEST((other.grads == other_before));
+  comm.allreduce_grad(m.params, cohort::sum{}); // in step again
+}

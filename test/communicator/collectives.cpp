@@ -8,6 +8,7 @@
 #include <boost/serialization/vector.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -313,4 +314,86 @@ BOOST_AUTO_TEST_CASE(ranks_in_different_operations_throw_on_every_rank) {
   comm.barrier(); // in step again
   comm.allreduce(x);
   BOOST_TEST(x[0] == static_cast<float>(comm.size()));
+}
+
+// Issue 14: an all-reduce of at most liveness::max_carried_bytes travels in the agreement's own
+// messages and is reduced there. The sums are right on both sides of that limit, every rank gets
+// the same bits, and a mismatch leaves every rank's data as it was.
+BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  constexpr std::size_t limit = cohort::detail::liveness::max_carried_bytes;
+  for (const std::size_t n : {limit / 8 - 1, limit / 8, limit / 8 + 1}) {
+    check_allreduce_sum<double>(comm, n);
+  }
+  for (const std::size_t n : {limit / 4, limit / 4 + 1}) {
+    check_allreduce_sum<float>(comm, n);
+  }
+  for (const std::size_t n : {limit / 2, limit / 2 + 1}) {
+    check_allreduce_sum<cohort::float16>(comm, n);
+  }
+  check_allreduce_sum<std::uint8_t>(comm, limit);
+  for (const reduce_op op : {reduce_op::max, reduce_op::min, reduce_op::prod}) {
+    std::vector<std::int64_t> v(100);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<std::int64_t>((i + 1) * static_cast<std::size_t>(comm.rank() + 1));
+    }
+    comm.allreduce(v, op);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const auto base = static_cast<std::int64_t>(i + 1);
+      std::int64_t expected = op == reduce_op::min ? base : base * comm.size();
+      if (op == reduce_op::prod) {
+        expected = 1;
+        for (int r = 1; r <= comm.size(); ++r) {
+          expected *= base * r;
+        }
+      }
+      BOOST_TEST_REQUIRE(v[i] == expected, cohort::to_string(op) << " element " << i);
+    }
+  }
+  // Sums whose rounding depends on the order: the same bits on every rank.
+  std::vector<float> f(1000);
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    f[i] = 1.0f / static_cast<float>(i + 1 + 7 * static_cast<std::size_t>(comm.rank())) * 1e7f;
+  }
+  comm.allreduce(f);
+  const auto all = comm.allgather_obj(f);
+  for (const auto& other : all) {
+    BOOST_TEST_REQUIRE(std::memcmp(other.data(), f.data(), f.size() * sizeof(float)) == 0);
+  }
+  if (comm.size() < 2) {
+    return;
+  }
+  // Mismatches, carried or not: an error on every rank, every rank's data untouched.
+  const int last = comm.size() - 1;
+  const auto untouched = [&](std::vector<float>& x, std::size_t n, reduce_op op,
+                             const std::vector<std::string>& parts) {
+    x.assign(n, static_cast<float>(comm.rank() + 2));
+    BOOST_CHECK_EXCEPTION(comm.allreduce(x, op), cohort::mismatch_error, message_has(parts));
+    BOOST_TEST(x.size() == n);
+    for (const float value : x) {
+      BOOST_TEST_REQUIRE(value == static_cast<float>(comm.rank() + 2));
+    }
+  };
+  std::vector<float> x;
+  const bool is_last = comm.rank() == last;
+  untouched(x, is_last ? 9 : 10, reduce_op::sum, {"10 float32 elements", "9 float32 elements"});
+  untouched(x, 16, is_last ? reduce_op::max : reduce_op::sum, {"op sum", "op max"});
+  // One rank over the limit, the others under it.
+  untouched(x, is_last ? limit / 4 + 1 : 10, reduce_op::sum,
+            {"10 float32 elements", std::to_string(limit / 4 + 1) + " float32 elements"});
+  // The same bytes in another dtype.
+  std::vector<double> d(8, 1.0);
+  std::vector<float> g(16, 1.0f);
+  const auto dtype_message = message_has({"8 float64 elements", "16 float32 elements"});
+  if (is_last) {
+    BOOST_CHECK_EXCEPTION(comm.allreduce(d), cohort::mismatch_error, dtype_message);
+    BOOST_TEST(d[0] == 1.0);
+  } else {
+    BOOST_CHECK_EXCEPTION(comm.allreduce(g), cohort::mismatch_error, dtype_message);
+    BOOST_TEST(g[0] == 1.0f);
+  }
+  // In step again.
+  std::vector<float> ok(2, 1.0f);
+  comm.allreduce(ok);
+  BOOST_TEST(ok[1] == static_cast<float>(comm.size()));
 }

@@ -12,6 +12,7 @@
 #include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <mpi.h>
@@ -121,6 +122,56 @@ void require_agreement(liveness& live, waiter who, const char* operation, std::u
                        std::uint64_t hash, Describe&& describe) {
   require_agreement_of(live, who, operation, sequence,
                        std::pair<std::uint64_t, Describe&>(hash, describe));
+}
+
+//! `require_agreement_of` for a small all-reduce, whose data the rendezvous carries and reduces
+//! (liveness::allreduce_max_carrying): when the ranks agree and every one carried its data,
+//! `data` is overwritten with the reduction over every rank and the result is true, the
+//! collective done in the agreement's round trip; false when the data was not carried (too
+//! large), and `data` is untouched. A mismatch throws as `require_agreement_of` does, `data`
+//! untouched.
+template <class... Describe>
+bool require_agreement_carrying_of(liveness& live, waiter who, const char* operation,
+                                   std::uint64_t sequence, tensor_view data, reduce_op op,
+                                   std::pair<std::uint64_t, Describe>... checks) {
+  if (live.size() == 1) {
+    return true; // its own data is the reduction
+  }
+  constexpr std::size_t n = sizeof...(Describe);
+  std::array<std::uint64_t, 2 * n> bounds{};
+  std::size_t i = 0;
+  ((bounds[i] = checks.first, bounds[i + n] = ~checks.first, ++i), ...);
+  const std::byte* reduced = live.allreduce_max_carrying(
+      who, bounds, operation, sequence,
+      const_tensor_view{data.data, data.count, data.type, data.location}, op);
+  std::size_t differing = 0;
+  while (differing < n && bounds[differing] == ~bounds[differing + n]) {
+    ++differing;
+  }
+  if (differing == n) {
+    if (reduced != nullptr) {
+      std::memcpy(data.data, reduced, data.size_bytes());
+    }
+    return reduced != nullptr;
+  }
+  std::vector<signature_entry> mine;
+  i = 0;
+  ((i++ == differing ? (mine = checks.second(), 0) : 0), ...);
+  std::vector<std::vector<signature_entry>> all;
+  {
+    const watch_scope watch(live.slot(who), operation, sequence, 0, true);
+    all = gather_descriptions(live.channel(who), mine);
+  }
+  throw mismatch_error(describe_mismatch(operation, all));
+}
+
+//! `require_agreement_carrying_of` with one fingerprint.
+template <class Describe>
+bool require_agreement_carrying(liveness& live, waiter who, const char* operation,
+                                std::uint64_t sequence, std::uint64_t hash, Describe&& describe,
+                                tensor_view data, reduce_op op) {
+  return require_agreement_carrying_of(live, who, operation, sequence, data, op,
+                                       std::pair<std::uint64_t, Describe&>(hash, describe));
 }
 
 //! "N dtype elements", the description of a tensor in messages.

@@ -118,15 +118,32 @@ public:
       packer.scale(grad, k.plan.post_scale);
       return;
     }
-    sources_.clear();
-    targets_.clear();
-    for (const std::size_t s : members) {
-      sources_.push_back(slots[s].grad);
-      targets_.push_back(slots[s].grad);
-    }
+    collect_members(b, slots);
     const tensor_view packed{buffer, k.count, k.plan.wire, Packer::where};
     packer.pack(sources_, packed, k.plan.pre_scale);
     exchange(packed, k.plan.op);
+    packer.unpack(packed, targets_, k.plan.post_scale);
+  }
+
+  //! Packs bucket `b` of the current plan (one that is not in place) into the shared buffer,
+  //! cast to its wire dtype and pre-scaled: what its exchange is handed. The gradients are only
+  //! read. (A small step's one bucket travels in the step's agreement: grad_sync::validate.)
+  template <class Packer = host_packer>
+  tensor_view pack_shared(std::size_t b, std::span<const grad_slot> slots,
+                          const Packer& packer = {}) {
+    const bucket& k = current_->plan.buckets()[b];
+    collect_members(b, slots);
+    const tensor_view packed{current_->shared.data(), k.count, k.plan.wire, Packer::where};
+    packer.pack(sources_, packed, k.plan.pre_scale);
+    return packed;
+  }
+
+  //! The shared buffer, reduced, into bucket `b`'s gradients, post-scaled (after pack_shared).
+  template <class Packer = host_packer>
+  void unpack_shared(std::size_t b, std::span<const grad_slot> slots, const Packer& packer = {}) {
+    const bucket& k = current_->plan.buckets()[b];
+    collect_members(b, slots);
+    const const_tensor_view packed{current_->shared.data(), k.count, k.plan.wire, Packer::where};
     packer.unpack(packed, targets_, k.plan.post_scale);
   }
 
@@ -171,6 +188,17 @@ private:
 
   void build(entry& e, std::span<const grad_slot> slots, std::span<const std::size_t> order,
              const reduction_table& reduction);
+
+  // The gradients of bucket `b` of the current plan, as sources to pack and targets to unpack.
+  void collect_members(std::size_t b, std::span<const grad_slot> slots) {
+    const bucket_plan& plan = current_->plan;
+    sources_.clear();
+    targets_.clear();
+    for (const std::size_t s : plan.members(plan.buckets()[b])) {
+      sources_.push_back(slots[s].grad);
+      targets_.push_back(slots[s].grad);
+    }
+  }
 
   static void own_buffers_of(entry& e);
 

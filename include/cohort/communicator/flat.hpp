@@ -26,6 +26,10 @@ public:
 private:
   friend strategy_access;
 
+  // A bucket's exchange is an all-reduce over every rank of the communicator: a small step's
+  // one bucket may travel in the step's agreement instead (grad_sync::validate).
+  static constexpr bool exchange_is_allreduce = true;
+
   void exchange(tensor_view bucket, reduce_op op) {
     mpi::allreduce(grad_comm(), bucket, op, options().segment_bytes);
   }

@@ -119,10 +119,14 @@ COHORT_DECL std::vector<signature_entry> describe_reduction_plan(std::span<const
 //! about to be reduced ("blocking", "overlapped"): ranks that would reduce them in different ways
 //! would issue different collectives, so they agree on it too, as on the reducer's plan for each
 //! dtype (`plan_of`), since ranks that scale or cast differently would silently diverge.
-COHORT_DECL void validate_gradients(liveness& live, waiter who, const char* operation,
+//! With the check on and `carried` not empty (a small step's one packed bucket, of at most
+//! liveness::max_carried_bytes), the agreement carries it and reduces it with `op`: returns
+//! whether `carried` now holds the reduction over every rank (see require_agreement_carrying_of).
+COHORT_DECL bool validate_gradients(liveness& live, waiter who, const char* operation,
                                     std::uint64_t sequence, std::span<const grad_slot> slots,
                                     bool check, missing_grad missing, const std::string& problem,
-                                    std::string_view mode, const reduction_table& plan_of);
+                                    std::string_view mode, const reduction_table& plan_of,
+                                    tensor_view carried = {}, reduce_op op = reduce_op::sum);
 
 } // namespace detail
 

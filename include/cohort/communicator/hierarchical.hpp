@@ -34,6 +34,10 @@ public:
 private:
   friend strategy_access;
 
+  // A bucket's exchange is an all-reduce over every rank of the communicator: a small step's
+  // one bucket may travel in the step's agreement instead (grad_sync::validate).
+  static constexpr bool exchange_is_allreduce = true;
+
   void exchange(tensor_view bucket, reduce_op op) {
     // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
     detail::hierarchical_exchange(detail::mpi_link<Intra>{this->grad_intra_comm()},

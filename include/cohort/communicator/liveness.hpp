@@ -20,6 +20,9 @@
 #include <cohort/detail/terminate_handler.hpp>
 #include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
+#include <cohort/kernels/host.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -29,6 +32,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -97,101 +101,49 @@ public:
 
   //! The rendezvous: every rank's `values` combined with max, by recursive doubling over
   //! point-to-point messages that this thread polls (so that a peer gone or stuck is noticed).
-  //! Every message has one size, and carries the operation's name (as a fingerprint pair): ranks
-  //! at different rendezvous (a barrier on one, an allreduce on another) all throw
-  //! `mismatch_error` instead of misreading each other's messages.
+  //! Every message carries the operation's name (as a fingerprint pair): ranks at different
+  //! rendezvous (a barrier on one, an allreduce on another) all throw `mismatch_error` instead of
+  //! misreading each other's messages.
   template <std::size_t N>
   void allreduce_max(waiter who, std::array<std::uint64_t, N>& values, const char* operation,
                      std::uint64_t sequence) {
     static_assert(N + 2 <= message_words, "cohort: a rendezvous carries at most 6 words");
-    if (size_ == 1) {
-      return;
-    }
-    const MPI_Comm comm = channel(who);
-    std::uint64_t name = 0xcbf29ce484222325ull; // FNV-1a of the operation's name
-    for (const char* c = operation; *c != '\0'; ++c) {
-      name = (name ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-    }
-    std::array<std::uint64_t, message_words> mine{};
-    mine[0] = name;
-    mine[1] = ~name;
-    std::copy(values.begin(), values.end(), mine.begin() + 2);
-    std::array<std::uint64_t, message_words> incoming{};
-    const auto combine = [&] {
-      for (std::size_t i = 0; i < message_words; ++i) {
-        mine[i] = std::max(mine[i], incoming[i]);
-      }
-    };
-    const auto exchange = [&](int peer, bool send, bool receive) {
-      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-      if (receive) {
-        mpi::check(MPI_Irecv(incoming.data(), static_cast<int>(message_words), MPI_UINT64_T, peer,
-                             rendezvous_tag, comm, &requests[0]),
-                   "MPI_Irecv (agreement check)", comm);
-      }
-      if (send) {
-        mpi::check(MPI_Isend(mine.data(), static_cast<int>(message_words), MPI_UINT64_T, peer,
-                             rendezvous_tag, comm, &requests[1]),
-                   "MPI_Isend (agreement check)", comm);
-      }
-      wait(who, requests, operation, sequence);
-      if (receive) {
-        combine();
-      }
-    };
-    // Recursive doubling over the largest power of two; each of the first 2 * rest ranks pairs
-    // with its neighbour first, and the even one of the pair takes no part in the doubling.
-    int pof2 = 1;
-    while (pof2 * 2 <= size_) {
-      pof2 *= 2;
-    }
-    const int rest = size_ - pof2;
-    int virtual_rank = -1;
-    if (rank_ < 2 * rest) {
-      if (rank_ % 2 == 0) {
-        exchange(rank_ + 1, true, false);
-      } else {
-        exchange(rank_ - 1, false, true);
-        virtual_rank = rank_ / 2;
-      }
-    } else {
-      virtual_rank = rank_ - rest;
-    }
-    if (virtual_rank >= 0) {
-      for (int mask = 1; mask < pof2; mask <<= 1) {
-        const int partner = virtual_rank ^ mask;
-        const int peer = partner < rest ? partner * 2 + 1 : partner + rest;
-        exchange(peer, true, true);
-      }
-    }
-    if (rank_ < 2 * rest) {
-      if (rank_ % 2 == 0) {
-        exchange(rank_ + 1, false, true);
-        mine = incoming;
-      } else {
-        exchange(rank_ - 1, true, false);
-      }
-    }
-    if (mine[0] != ~mine[1]) {
-      throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
-                           std::to_string(rank_) +
-                           ": the ranks are not all in the same operation: some called another "
-                           "cohort collective on this communicator at this point (every rank "
-                           "must call the same collectives in the same order)");
-    }
-    std::copy(mine.begin() + 2, mine.begin() + 2 + N, values.begin());
+    rendezvous(who, values.data(), N, operation, sequence, nullptr, reduce_op::sum);
   }
+
+  //! `allreduce_max`, the rendezvous carrying `data` too (at most `max_carried_bytes`), reduced
+  //! with `op` on the way by the same recursive doubling: a small collective then costs one round
+  //! trip, its agreement included. Returns the reduction over every rank (valid until this
+  //! thread's next rendezvous; `data` itself is left as it was), or null when the ranks did not
+  //! all carry as many bytes. Identical on every rank: each pair computes a + b and b + a, which
+  //! IEEE arithmetic makes equal. The caller uses it only if the ranks also agreed on what they
+  //! passed (`values`): a rank that passed another dtype or op reduced bytes that mean nothing.
+  template <std::size_t N>
+  const std::byte* allreduce_max_carrying(waiter who, std::array<std::uint64_t, N>& values,
+                                          const char* operation, std::uint64_t sequence,
+                                          const_tensor_view data, reduce_op op) {
+    static_assert(N + 2 + carried_words <= message_words,
+                  "cohort: a rendezvous that carries data carries at most 4 words");
+    return rendezvous(who, values.data(), N, operation, sequence, &data, op);
+  }
+
+  //! The most bytes a rendezvous carries (`allreduce_max_carrying`). Every rendezvous receive has
+  //! room for them, so that a rank at a rendezvous that carries nothing still reads the message
+  //! of one that carries data, and both throw `mismatch_error`. Up to here one round trip of
+  //! recursive doubling costs less than a rendezvous and then MPI's all-reduce (bench/allreduce).
+  static constexpr std::size_t max_carried_bytes = std::size_t{16} << 10;
 
   //! Waits for `requests` (of a rendezvous), reading the control channel meanwhile: ends the job
   //! when a peer has left or the timeout has passed. The first iterations only test, so that a
   //! rendezvous that completes at once costs what the messages cost.
   template <std::size_t N>
-  void wait(waiter who, MPI_Request (&requests)[N], const char* operation, std::uint64_t sequence) {
+  void wait(waiter who, MPI_Request (&requests)[N], const char* operation, std::uint64_t sequence,
+            MPI_Status* statuses = MPI_STATUSES_IGNORE) {
     const MPI_Comm comm = channel(who);
     const auto start = watch_clock::now();
     for (unsigned spins = 0;; ++spins) {
       int done = 0;
-      mpi::check(MPI_Testall(static_cast<int>(N), requests, &done, MPI_STATUSES_IGNORE),
+      mpi::check(MPI_Testall(static_cast<int>(N), requests, &done, statuses),
                  "MPI_Testall (agreement check)", comm);
       if (done != 0) {
         return;
@@ -204,7 +156,7 @@ public:
         control_.read(operation, sequence);
         check_departures(now, operation, sequence);
         if (timeout_.count() > 0 && now - start > timeout_) {
-          time_out(who, requests, now - start, operation, sequence);
+          time_out(who, requests, now - start, operation, sequence, statuses);
         }
       }
       // Gentle on a machine with fewer cores than ranks; sleeping only once the wait is long
@@ -220,6 +172,22 @@ public:
 private:
   static constexpr int rendezvous_tag = 0x636f;
   static constexpr std::size_t message_words = 8;
+  // The header's last words when data is carried: max(bytes), max(~bytes), equal on every rank
+  // when all carried as many. (The bytes one message carries are its size less the header.)
+  static constexpr std::size_t carried_words = 2;
+  static constexpr std::size_t header_bytes = message_words * sizeof(std::uint64_t);
+
+  // The messages of one thread's rendezvous (header, then the carried bytes): made at its first
+  // rendezvous, then reused.
+  struct rendezvous_buffers {
+    std::vector<std::byte> mine;
+    std::vector<std::byte> incoming;
+  };
+
+  // allreduce_max and allreduce_max_carrying (`data` null: nothing carried; never written).
+  COHORT_DECL const std::byte* rendezvous(waiter who, std::uint64_t* values, std::size_t n,
+                                          const char* operation, std::uint64_t sequence,
+                                          const const_tensor_view* data, reduce_op op);
 
   // A peer that has left can no longer join this rendezvous: the job ends once the grace period
   // (for messages of a collective it did finish, overtaken by its notice) has passed.
@@ -235,13 +203,13 @@ private:
   // rendezvous complete meanwhile, it returns normally.
   template <std::size_t N>
   void time_out(waiter who, MPI_Request (&requests)[N], watch_clock::duration waited,
-                const char* operation, std::uint64_t sequence) {
+                const char* operation, std::uint64_t sequence, MPI_Status* statuses) {
     std::vector<MPI_Request> asked = control_.ask_everyone();
     const auto listen_until =
         watch_clock::now() + std::min<watch_clock::duration>(std::chrono::seconds(1), timeout_);
     while (watch_clock::now() < listen_until) {
       int done = 0;
-      MPI_Testall(static_cast<int>(N), requests, &done, MPI_STATUSES_IGNORE);
+      MPI_Testall(static_cast<int>(N), requests, &done, statuses);
       if (done != 0) {
         for (MPI_Request& r : asked) {
           MPI_Request_free(&r);
@@ -274,6 +242,7 @@ private:
   control_channel control_; // last: the leave notices go before the channels are freed
   std::array<std::uint64_t, 2> sequence_{};
   std::array<std::size_t, 2> bytes_{};
+  std::array<rendezvous_buffers, 2> buffers_;
 };
 
 } // namespace detail

@@ -26,6 +26,10 @@ public:
 private:
   friend strategy_access;
 
+  // A bucket's exchange is an all-reduce over every rank of the communicator: a small step's
+  // one bucket may travel in the step's agreement instead (grad_sync::validate).
+  static constexpr bool exchange_is_allreduce = true;
+
   // Every gradient alone in its bucket, and in place where its dtype allows.
   static detail::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }
 

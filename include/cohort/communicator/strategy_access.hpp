@@ -62,6 +62,9 @@ public:
       s.exchange = [](void* p, tensor_view bucket, reduce_op op) {
         static_cast<Strategy*>(p)->exchange(bucket, op);
       };
+      if constexpr (requires { requires Strategy::exchange_is_allreduce; }) {
+        s.exchange_is_allreduce = true;
+      }
       if constexpr (requires(Strategy & st, const detail::bucket& b) { st.prepare_exchange(b); }) {
         s.prepare = [](void* p, const detail::bucket& b) {
           static_cast<Strategy*>(p)->prepare_exchange(b);

@@ -72,6 +72,10 @@ public:
 private:
   friend strategy_access;
 
+  // A bucket's exchange is an all-reduce over every rank of the communicator: a small step's
+  // one bucket may travel in the step's agreement instead (grad_sync::validate).
+  static constexpr bool exchange_is_allreduce = true;
+
   // The ring's buffers, grown before the ranks agree to reduce (an allocation that fails here is
   // an error on every rank; inside the ring it would leave the others waiting).
   void prepare_exchange(const detail::bucket& bucket) {

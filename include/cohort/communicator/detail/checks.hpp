@@ -103,6 +103,13 @@ public:
   void agree(const char* operation, std::size_t count, dtype type, int detail_value,
              std::string_view detail_name, const std::string& problem = {}) const;
 
+  //! `agree` for an all-reduce of `data` with `op`, which it may do itself: with the check on,
+  //! data of at most liveness::max_carried_bytes travels in the agreement's own messages and is
+  //! reduced there (one round trip instead of two), and the result is true: `data` holds the
+  //! reduction. False: the ranks agreed, and `data` is still to be reduced. `problem` as `agree`.
+  bool agree_reducing(const char* operation, tensor_view data, reduce_op op,
+                      const std::string& problem) const;
+
   //! `settle` for a call whose only argument to compare is a root rank.
   void agree_root(const char* operation, int root) const;
 

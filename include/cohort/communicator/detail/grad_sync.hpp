@@ -54,6 +54,9 @@ struct strategy_ref {
   void (*prepare)(void*, const bucket&) = nullptr;
   void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
   void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
+  // `exchange` is an all-reduce over every rank (`static constexpr bool exchange_is_allreduce`):
+  // a blocking step of one small bucket may then travel in the step's agreement.
+  bool exchange_is_allreduce = false;
 
   bool device() const noexcept { return reduce_all != nullptr; }
 };
@@ -169,8 +172,10 @@ private:
   // Checks `slots_` (collective): for host strategies, the bucket plan is prepared and every
   // buffer the exchange needs is allocated first, so that nothing fails on one rank alone once
   // the ranks have agreed; then the ranks agree on the layout, the reducer's plan, this rank's
-  // problems and `mode`, so that a problem on one rank is an error on every rank.
-  void validate(const checks& c, const strategy_ref& s, const reduction_table& table,
+  // problems and `mode`, so that a problem on one rank is an error on every rank. A blocking step
+  // of one small packed bucket travels in that agreement and is reduced there: returns whether
+  // it was (its bucket is then packed and reduced in the shared buffer, still to be unpacked).
+  bool validate(const checks& c, const strategy_ref& s, const reduction_table& table,
                 missing_grad missing, std::string_view mode, std::string problem);
 
   // The plan of the current layout (rebuilt in the order learned at an earlier step, if any),

@@ -88,10 +88,12 @@ COHORT_DECL std::vector<signature_entry> describe_reduction_plan(std::span<const
   return entries;
 }
 
-COHORT_DECL void validate_gradients(liveness& live, waiter who, const char* operation,
+COHORT_DECL bool validate_gradients(liveness& live, waiter who, const char* operation,
                                     std::uint64_t sequence, std::span<const grad_slot> slots,
                                     bool check, missing_grad missing, const std::string& problem,
-                                    std::string_view mode, const reduction_table& plan_of) {
+                                    std::string_view mode, const reduction_table& plan_of,
+                                    tensor_view carried, reduce_op op) {
+  bool reduced = false;
   if (check) {
     fingerprint f;
     f.add(slots_fingerprint(slots)).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
@@ -113,11 +115,16 @@ COHORT_DECL void validate_gradients(liveness& live, waiter who, const char* oper
     };
     // The plan is compared only where the layouts agree (it follows from the layout's dtypes).
     const auto describe_plan = [&] { return describe_reduction_plan(slots, plan_of); };
-    require_agreement_of(
-        live, who, operation, sequence,
-        std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout),
-        std::pair<std::uint64_t, decltype(describe_plan)&>(
-            reduction_fingerprint(slots, mode, plan_of), describe_plan));
+    const auto layout =
+        std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout);
+    const auto plan = std::pair<std::uint64_t, decltype(describe_plan)&>(
+        reduction_fingerprint(slots, mode, plan_of), describe_plan);
+    if (carried.count > 0) {
+      reduced =
+          require_agreement_carrying_of(live, who, operation, sequence, carried, op, layout, plan);
+    } else {
+      require_agreement_of(live, who, operation, sequence, layout, plan);
+    }
   }
   if (!problem.empty()) {
     throw invalid_argument(problem);
@@ -138,6 +145,7 @@ COHORT_DECL void validate_gradients(liveness& live, waiter who, const char* oper
     }
     throw invalid_argument(message);
   }
+  return reduced;
 }
 
 } // namespace detail

@@ -10,6 +10,141 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 
+COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* values, std::size_t n,
+                                                  const char* operation, std::uint64_t sequence,
+                                                  const const_tensor_view* data, reduce_op op) {
+  if (size_ == 1) {
+    // One rank's data is already its reduction.
+    return data != nullptr ? static_cast<const std::byte*>(data->data) : nullptr;
+  }
+  const MPI_Comm comm = channel(who);
+  rendezvous_buffers& buffers = buffers_[who == waiter::caller ? 0 : 1];
+  if (buffers.mine.empty()) {
+    buffers.mine.resize(header_bytes + max_carried_bytes);
+    buffers.incoming.resize(header_bytes + max_carried_bytes);
+  }
+  // The header, in words; then the carried bytes.
+  std::array<std::uint64_t, message_words> mine{};
+  std::array<std::uint64_t, message_words> incoming{};
+  std::uint64_t name = 0xcbf29ce484222325ull; // FNV-1a of the operation's name
+  for (const char* c = operation; *c != '\0'; ++c) {
+    name = (name ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  }
+  mine[0] = name;
+  mine[1] = ~name;
+  std::copy(values, values + n, mine.begin() + 2);
+  std::size_t carried = 0;
+  if (data != nullptr && data->size_bytes() <= max_carried_bytes) {
+    carried = data->size_bytes();
+    std::memcpy(buffers.mine.data() + header_bytes, data->data, carried);
+  }
+  if (data != nullptr) {
+    mine[message_words - 2] = carried;
+    mine[message_words - 1] = ~static_cast<std::uint64_t>(carried);
+  }
+  // The carried bytes are reduced while every message received carried as many (a message that
+  // carried another size, or none, spoils them: the bounds then differ on every rank).
+  bool whole = carried > 0;
+  const auto as_view = [&](std::byte* bytes) {
+    return tensor_view{bytes, data->count, data->type, memory_location::host};
+  };
+  const auto exchange = [&](int peer, bool send, bool receive) {
+    // One message each way, header and carried bytes together. (Splitting 4 KiB of data from
+    // its header, so that each message stays within the eager limit of Open MPI's shared memory,
+    // measured slower: a second wait costs more than the larger message's protocol.)
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Status statuses[2];
+    if (receive) {
+      mpi::check(MPI_Irecv(buffers.incoming.data(), static_cast<int>(buffers.incoming.size()),
+                           MPI_BYTE, peer, rendezvous_tag, comm, &requests[0]),
+                 "MPI_Irecv (agreement check)", comm);
+    }
+    if (send) {
+      std::memcpy(buffers.mine.data(), mine.data(), header_bytes);
+      mpi::check(MPI_Isend(buffers.mine.data(), static_cast<int>(header_bytes + carried), MPI_BYTE,
+                           peer, rendezvous_tag, comm, &requests[1]),
+                 "MPI_Isend (agreement check)", comm);
+    }
+    wait(who, requests, operation, sequence, statuses);
+    if (!receive) {
+      return std::size_t{0};
+    }
+    int count = 0;
+    mpi::check(MPI_Get_count(&statuses[0], MPI_BYTE, &count), "MPI_Get_count (agreement check)",
+               comm);
+    if (static_cast<std::size_t>(count) < header_bytes) {
+      throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
+                           std::to_string(rank_) + ": a rendezvous message of " +
+                           std::to_string(count) + " bytes from rank " + std::to_string(peer) +
+                           " (not a cohort agreement of this version?)");
+    }
+    std::memcpy(incoming.data(), buffers.incoming.data(), header_bytes);
+    return static_cast<std::size_t>(count) - header_bytes;
+  };
+  const auto combine = [&](std::size_t received) {
+    for (std::size_t i = 0; i < message_words; ++i) {
+      mine[i] = std::max(mine[i], incoming[i]);
+    }
+    if (whole && received == carried) {
+      kernels::host::reduce(as_view(buffers.mine.data() + header_bytes),
+                            as_view(buffers.incoming.data() + header_bytes), op);
+    } else {
+      whole = false;
+    }
+  };
+  // Recursive doubling over the largest power of two; each of the first 2 * rest ranks pairs
+  // with its neighbour first, and the even one of the pair takes no part in the doubling.
+  int pof2 = 1;
+  while (pof2 * 2 <= size_) {
+    pof2 *= 2;
+  }
+  const int rest = size_ - pof2;
+  int virtual_rank = -1;
+  if (rank_ < 2 * rest) {
+    if (rank_ % 2 == 0) {
+      exchange(rank_ + 1, true, false);
+    } else {
+      combine(exchange(rank_ - 1, false, true));
+      virtual_rank = rank_ / 2;
+    }
+  } else {
+    virtual_rank = rank_ - rest;
+  }
+  if (virtual_rank >= 0) {
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      const int partner = virtual_rank ^ mask;
+      const int peer = partner < rest ? partner * 2 + 1 : partner + rest;
+      combine(exchange(peer, true, true));
+    }
+  }
+  if (rank_ < 2 * rest) {
+    if (rank_ % 2 == 0) {
+      const std::size_t received = exchange(rank_ + 1, false, true);
+      mine = incoming;
+      // The odd neighbour's result, reduced over every rank if it is whole.
+      if (whole && received == carried) {
+        std::memcpy(buffers.mine.data() + header_bytes, buffers.incoming.data() + header_bytes,
+                    carried);
+      } else {
+        whole = false;
+      }
+    } else {
+      exchange(rank_ - 1, true, false);
+    }
+  }
+  if (mine[0] != ~mine[1]) {
+    throw mismatch_error("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+                         ": the ranks are not all in the same operation: some called another "
+                         "cohort collective on this communicator at this point (every rank "
+                         "must call the same collectives in the same order)");
+  }
+  std::copy(mine.begin() + 2, mine.begin() + 2 + static_cast<std::ptrdiff_t>(n), values);
+  if (data == nullptr || !whole || mine[message_words - 2] != ~mine[message_words - 1]) {
+    return nullptr;
+  }
+  return buffers.mine.data() + header_bytes;
+}
+
 COHORT_DECL void liveness::check_departures(watch_clock::time_point now, const char* operation,
                                             std::uint64_t sequence) {
   const std::string departure = control_.departure(now, leave_grace());

@@ -34,6 +34,42 @@ COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype t
       problem, count * size_of(type));
 }
 
+COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data, reduce_op op,
+                                        const std::string& problem) const {
+  const std::size_t bytes = data.size_bytes();
+  if (!options_.check_agreement || bytes == 0 || bytes > liveness::max_carried_bytes) {
+    agree(operation, data.count, data.type, static_cast<int>(op), "op", problem);
+    return false;
+  }
+  fingerprint f;
+  f.add(operation).add(data.count).add(static_cast<std::uint64_t>(data.type));
+  f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<int>(op))));
+  f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+  const std::uint64_t sequence = live_->next_sequence(waiter::caller, bytes);
+  bool reduced = false;
+  {
+    const trace_span span(trace_.get(), "agreement and reduce", this_trace_thread(), bytes, -1,
+                          operation);
+    // A rank whose arguments failed its own checks carries nothing (its view may be anything).
+    const tensor_view carried = problem.empty() ? data : tensor_view{};
+    reduced = require_agreement_carrying(
+        *live_, waiter::caller, operation, sequence, f.value(),
+        [&] {
+          if (!problem.empty()) {
+            return std::vector<signature_entry>{{"the call", "failed (" + problem + ")"}};
+          }
+          return std::vector<signature_entry>{
+              {"the tensor", describe_tensor(data.count, data.type) + " (op " +
+                                 std::string(to_string(op)) + ")"}};
+        },
+        carried, op);
+  }
+  if (!problem.empty()) {
+    throw invalid_argument(problem);
+  }
+  return reduced;
+}
+
 COHORT_DECL void checks::agree_root(const char* operation, int root) const {
   const std::string problem = local_checks([&] { check_root(root, operation); });
   fingerprint f;

@@ -46,12 +46,17 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
                                             const reduction_table& table, missing_grad missing,
                                             std::string problem) {
   const auto start = std::chrono::steady_clock::now();
-  validate(c, s, table, missing, "blocking", std::move(problem));
+  const bool carried = validate(c, s, table, missing, "blocking", std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
   const auto reducing = std::chrono::steady_clock::now();
   trace_recorder* const trace = c.trace();
   c.fatal_on_failure("allreduce_grad", [&] {
     const std::span<const grad_slot> slots(slots_);
+    if (carried) { // its one bucket was reduced in the agreement
+      reduction_.unpack_shared(0, slots, traced_host_packer{trace, trace_thread::trainer, 0});
+      ++stats_.buckets;
+      return;
+    }
     if (s.device()) {
       const trace_span span(trace, "reduce (enqueued on the device)", trace_thread::trainer,
                             step_bytes_);
@@ -294,7 +299,7 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   ++stats_.buckets;
 }
 
-COHORT_DECL void grad_sync::validate(const checks& c, const strategy_ref& s,
+COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
                                      const reduction_table& table, missing_grad missing,
                                      std::string_view mode, std::string problem) {
   const bool usable = std::ranges::all_of(
@@ -316,11 +321,32 @@ COHORT_DECL void grad_sync::validate(const checks& c, const strategy_ref& s,
     bytes += slot.grad.size_bytes();
   }
   step_bytes_ = bytes;
+  // A blocking step of one small packed bucket: packed now (the gradients are only read), it
+  // travels in the agreement's own messages, one round trip instead of two.
+  tensor_view carried;
+  reduce_op carried_op = reduce_op::sum;
+  if (problem.empty() && usable && mode == "blocking" && s.exchange_is_allreduce &&
+      c.options().check_agreement && reduction_.plan().buckets().size() == 1) {
+    const bucket& k = reduction_.plan().buckets().front();
+    if (!k.in_place && k.count > 0 &&
+        k.count * size_of(k.plan.wire) <= liveness::max_carried_bytes) {
+      try {
+        carried = reduction_.pack_shared(0, slots_,
+                                         traced_host_packer{c.trace(), trace_thread::trainer, 0});
+        carried_op = k.plan.op;
+      } catch (const std::exception&) {
+        carried = tensor_view{}; // reduced the usual way after the agreement
+      }
+    }
+  }
   const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
-  const trace_span span(c.options().check_agreement ? c.trace() : nullptr, "agreement",
-                        trace_thread::trainer, 0, -1, "allreduce_grad");
-  validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence, slots_,
-                     c.options().check_agreement, missing, problem, mode, table);
+  const trace_span span(c.options().check_agreement ? c.trace() : nullptr,
+                        carried.count > 0 ? "agreement and reduce" : "agreement",
+                        trace_thread::trainer, carried.size_bytes(), carried.count > 0 ? 0 : -1,
+                        "allreduce_grad");
+  return validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence, slots_,
+                            c.options().check_agreement, missing, problem, mode, table, carried,
+                            carried_op);
 }
 
 COHORT_DECL void grad_sync::prepare_buckets(const strategy_ref& s, const reduction_table& table,
