@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Joins the per-rank traces cohort writes (COHORT_TRACE=dir: cohort-trace-rank<r>.json) into one
-Chrome trace that chrome://tracing and https://ui.perfetto.dev open with every rank as a process.
+"""Joins the per-rank traces cohort writes (COHORT_TRACE=dir: cohort-trace-rank<r>.json, and
+cohort-trace-rank<r>.comm<k>.json for more communicators traced in a process) into one Chrome trace that chrome://tracing and https://ui.perfetto.dev open with every rank as a process.
 
     tools/merge_traces.py DIR [-o merged.json]
 
@@ -43,7 +43,7 @@ def main():
     parser.add_argument("-o", "--output", type=pathlib.Path)
     args = parser.parse_args()
     files = sorted(args.directory.glob("cohort-trace-rank*.json"),
-                   key=lambda p: int(re.search(r"rank(\d+)", p.name).group(1)))
+                   key=lambda p: (int(re.search(r"rank(\d+)", p.name).group(1)), p.name))
     if not files:
         sys.exit(f"merge_traces: no cohort-trace-rank*.json in {args.directory}")
     merged = []
@@ -58,10 +58,11 @@ def main():
     output = args.output or args.directory / "cohort-trace.json"
     output.write_text(json.dumps({"traceEvents": merged, "displayTimeUnit": "ms"}))
     print(f"{len(merged)} events of {len(files)} ranks -> {output}")
-    print(f"{'rank':>4} {'thread':>7} {'span':<28} {'count':>7} {'total ms':>10} {'mean ms':>9}")
+    print(f"{'rank':>4} {'thread':>9} {'span':<28} {'count':>7} {'total ms':>10} {'mean ms':>9}")
     for (pid, tid, name), (count, total) in sorted(totals.items()):
-        thread = "trainer" if tid == 0 else "cohort"
-        print(f"{pid:>4} {thread:>7} {name:<28} {count:>7} {total:>10.3f} {total / count:>9.4f}")
+        # tid 2k: the trainer, 2k + 1: cohort's thread, of the k-th communicator traced.
+        thread = ("trainer" if tid % 2 == 0 else "cohort") + (f"/{tid // 2}" if tid >= 2 else "")
+        print(f"{pid:>4} {thread:>9} {name:<28} {count:>7} {total:>10.3f} {total / count:>9.4f}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -360,6 +363,21 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, str
   for (const auto& other : all) {
     BOOST_TEST_REQUIRE(std::memcmp(other.data(), f.data(), f.size() * sizeof(float)) == 0);
   }
+  // Where the order of the operands shows: min and max of NaN and of -0 and +0, and sums of NaNs
+  // of different payloads. Every rank gets the same bits (a step skipped on one rank for a NaN
+  // its max saw, and taken on another, would leave the replicas apart).
+  for (const reduce_op op : {reduce_op::max, reduce_op::min, reduce_op::sum}) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float other_nan = -std::numeric_limits<float>::quiet_NaN();
+    const bool odd = comm.rank() % 2 == 1;
+    std::vector<float> v = {odd ? nan : 1.0f, odd ? 1.0f : nan, odd ? -0.0f : 0.0f,
+                            odd ? 0.0f : -0.0f, odd ? nan : other_nan};
+    comm.allreduce(v, op);
+    for (const auto& other : comm.allgather_obj(v)) {
+      BOOST_TEST_REQUIRE(std::memcmp(other.data(), v.data(), v.size() * sizeof(float)) == 0,
+                         cohort::to_string(op));
+    }
+  }
   if (comm.size() < 2) {
     return;
   }
@@ -396,4 +414,38 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, str
   std::vector<float> ok(2, 1.0f);
   comm.allreduce(ok);
   BOOST_TEST(ok[1] == static_cast<float>(comm.size()));
+}
+
+// The rule behind the carried agreement's safety: every rendezvous says how many bytes its rank
+// carried. A rank that carried nothing where the others did (its packing fell back, say) makes
+// every rank fall back, the ranks two exchanges away included; none returns a partial reduction.
+BOOST_AUTO_TEST_CASE(a_rank_that_carries_nothing_makes_every_rank_fall_back) {
+  const boost::mpi::communicator world;
+  cohort::detail::liveness live(world, std::chrono::minutes(1));
+  std::vector<float> x(10, static_cast<float>(world.rank() + 1));
+  const cohort::const_tensor_view data{x.data(), x.size(), dtype::float32,
+                                       cohort::memory_location::host};
+  std::uint64_t sequence = 0;
+  for (int skipper = 0; skipper < world.size(); ++skipper) {
+    std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
+    const std::byte* reduced = nullptr;
+    if (world.rank() == skipper) {
+      live.allreduce_max(cohort::detail::waiter::caller, values, "carrying", ++sequence);
+    } else {
+      reduced = live.allreduce_max_carrying(cohort::detail::waiter::caller, values, "carrying",
+                                            ++sequence, data, reduce_op::sum);
+    }
+    BOOST_TEST((values == std::array<std::uint64_t, 2>{7, ~std::uint64_t{7}}));
+    BOOST_TEST((reduced == nullptr || world.size() == 1), "rank " << world.rank()
+                                                                  << " used a reduction that rank "
+                                                                  << skipper << " left out");
+  }
+  // Every rank carrying: the sum, everywhere.
+  std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
+  const std::byte* reduced = live.allreduce_max_carrying(
+      cohort::detail::waiter::caller, values, "carrying", ++sequence, data, reduce_op::sum);
+  BOOST_TEST_REQUIRE(reduced != nullptr);
+  float first = 0;
+  std::memcpy(&first, reduced, sizeof first);
+  BOOST_TEST(first == static_cast<float>(world.size() * (world.size() + 1) / 2));
 }

@@ -36,6 +36,7 @@ struct event {
   std::string operation;
   std::uint64_t bytes = 0;
   long long bucket = -1;
+  int communicator = 0;
 
   double end() const { return ts + dur; }
 };
@@ -56,7 +57,9 @@ std::vector<event> read_trace(const std::filesystem::path& file) {
     event e;
     e.name = text("name");
     e.pid = std::stoi(text("pid"));
-    e.tid = std::stoi(text("tid"));
+    // tid 2k: the trainer, 2k + 1: cohort's thread, of the k-th communicator traced.
+    e.tid = std::stoi(text("tid")) % 2;
+    e.communicator = std::stoi(text("tid")) / 2;
     e.ts = std::stod(text("ts"));
     e.dur = std::stod(text("dur"));
     e.strategy = text("args.strategy");
@@ -89,8 +92,18 @@ std::filesystem::path fresh_directory(Communicator& comm, const std::string& nam
   return dir;
 }
 
+// This rank's one trace file in `dir` (cohort-trace-rank<r>.json, or .comm<k>.json for a
+// communicator traced after another in the same process).
 std::filesystem::path file_of(const std::filesystem::path& dir, int rank) {
-  return dir / ("cohort-trace-rank" + std::to_string(rank) + ".json");
+  std::vector<std::filesystem::path> found;
+  const std::string prefix = "cohort-trace-rank" + std::to_string(rank) + ".";
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().starts_with(prefix)) {
+      found.push_back(entry.path());
+    }
+  }
+  BOOST_TEST_REQUIRE(found.size() == 1u, found.size() << " trace files of rank " << rank);
+  return found.front();
 }
 
 // Every span on `tid` within one of `outer` (same thread), and the spans of `tid` one after
@@ -260,6 +273,49 @@ BOOST_AUTO_TEST_CASE(a_trace_directory_a_rank_cannot_write_is_an_error_on_every_
     BOOST_CHECK_EXCEPTION(make(), cohort::mismatch_error,
                           message_has({"rank " + std::to_string(probe.size() - 1), "trace"}));
   }
+  probe.barrier();
+  if (probe.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(communicators_traced_at_once_write_files_of_their_own) {
+  auto probe = cohort::make_communicator<cohort::flat>();
+  const std::filesystem::path dir = fresh_directory(probe, "two");
+  {
+    auto first = cohort::make_communicator<cohort::flat>({.trace_directory = dir.string()});
+    auto second = cohort::make_communicator<cohort::naive>({.trace_directory = dir.string()});
+    cohort::test::model<float> m(probe.size(), probe.rank());
+    first.allreduce_grad(m.params, cohort::sum{});
+    second.allreduce_grad(m.params, cohort::sum{});
+    second.allreduce_grad(m.params, cohort::sum{});
+  }
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("cohort-trace-rank" + std::to_string(probe.rank()) + ".")) {
+      files.push_back(entry.path());
+    }
+  }
+  BOOST_TEST_REQUIRE(files.size() == 2u);
+  std::vector<std::string> strategies;
+  std::vector<int> communicators;
+  for (const auto& file : files) {
+    const std::vector<event> events = read_trace(file);
+    BOOST_TEST_REQUIRE(!events.empty());
+    std::size_t steps = 0;
+    for (const event& e : events) {
+      BOOST_TEST(e.strategy == events.front().strategy);
+      BOOST_TEST(e.communicator == events.front().communicator);
+      steps += e.name == "allreduce_grad" ? 1 : 0;
+    }
+    strategies.push_back(events.front().strategy);
+    communicators.push_back(events.front().communicator);
+    BOOST_TEST(steps == (events.front().strategy == "flat" ? 1u : 2u));
+  }
+  std::sort(strategies.begin(), strategies.end());
+  BOOST_TEST((strategies == std::vector<std::string>{"flat", "naive"}));
+  BOOST_TEST(communicators[0] != communicators[1]);
   probe.barrier();
   if (probe.rank() == 0) {
     std::filesystem::remove_all(dir);

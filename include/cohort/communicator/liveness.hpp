@@ -107,7 +107,8 @@ public:
   template <std::size_t N>
   void allreduce_max(waiter who, std::array<std::uint64_t, N>& values, const char* operation,
                      std::uint64_t sequence) {
-    static_assert(N + 2 <= message_words, "cohort: a rendezvous carries at most 6 words");
+    static_assert(N + 2 + carried_words <= message_words,
+                  "cohort: a rendezvous carries at most 4 words");
     rendezvous(who, values.data(), N, operation, sequence, nullptr, reduce_op::sum);
   }
 
@@ -115,9 +116,10 @@ public:
   //! with `op` on the way by the same recursive doubling: a small collective then costs one round
   //! trip, its agreement included. Returns the reduction over every rank (valid until this
   //! thread's next rendezvous; `data` itself is left as it was), or null when the ranks did not
-  //! all carry as many bytes. Identical on every rank: each pair computes a + b and b + a, which
-  //! IEEE arithmetic makes equal. The caller uses it only if the ranks also agreed on what they
-  //! passed (`values`): a rank that passed another dtype or op reduced bytes that mean nothing.
+  //! all carry as many bytes. Identical on every rank: each pair computes the same f(lower,
+  //! higher), the lower rank's partial always the first operand (min, max and NaN payloads depend
+  //! on the order). The caller uses it only if the ranks also agreed on what they passed
+  //! (`values`): a rank that passed another dtype or op reduced bytes that mean nothing.
   template <std::size_t N>
   const std::byte* allreduce_max_carrying(waiter who, std::array<std::uint64_t, N>& values,
                                           const char* operation, std::uint64_t sequence,
@@ -172,8 +174,11 @@ public:
 private:
   static constexpr int rendezvous_tag = 0x636f;
   static constexpr std::size_t message_words = 8;
-  // The header's last words when data is carried: max(bytes), max(~bytes), equal on every rank
-  // when all carried as many. (The bytes one message carries are its size less the header.)
+  // The header's last words, in every rendezvous: max(bytes), max(~bytes) of what each rank
+  // carried (0 when nothing), equal on every rank only when all carried as many. A rank that
+  // carries nothing where the others carry (a rendezvous of another kind, or a carrying one that
+  // fell back) makes them differ on every rank, and no rank uses the data. (The bytes one message
+  // carries are its size less the header.)
   static constexpr std::size_t carried_words = 2;
   static constexpr std::size_t header_bytes = message_words * sizeof(std::uint64_t);
 

@@ -14,6 +14,7 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -40,22 +41,31 @@ inline trace_thread& this_trace_thread() noexcept {
   return role;
 }
 
-//! Writes one rank's trace to `directory/cohort-trace-rank<rank>.json`. Thread-safe (the
-//! trainer's and cohort's threads record into it at once).
+//! Writes one communicator's trace on one process to `directory/cohort-trace-rank<rank>.json`
+//! (`rank` the process's rank in MPI_COMM_WORLD), or `...rank<rank>.comm<k>.json` for the k-th
+//! communicator traced in the process after the first (a split, a second one): each has a file of
+//! its own, and rows `tid` 2k (trainer) and 2k + 1 (cohort's thread) under the process. Thread-safe
+//! (the trainer's and cohort's threads record into it at once). What it records reaches the file
+//! at least once a second, so a job killed or ended by cohort's watchdog keeps all but its last
+//! second.
 class trace_recorder {
 public:
   using clock = std::chrono::steady_clock;
 
-  //! Creates `directory` (and its parents) if need be and the rank's file; throws `error` naming
-  //! the file if it cannot be written. `strategy` is given as an argument of every event. Past
+  //! Creates `directory` (and its parents) if need be and the file; throws `error` naming the
+  //! file if it cannot be written. `strategy` is given as an argument of every event. Past
   //! `max_bytes` of events, recording stops and the file ends with an event saying so.
   trace_recorder(const std::filesystem::path& directory, int rank, std::string_view strategy,
                  std::uint64_t max_bytes = std::uint64_t{1} << 30)
-      : path_(directory / ("cohort-trace-rank" + std::to_string(rank) + ".json"))
+      : serial_(next_serial())
+      , path_(directory /
+              ("cohort-trace-rank" + std::to_string(rank) +
+               (serial_ == 0 ? std::string() : ".comm" + std::to_string(serial_)) + ".json"))
       , rank_(rank)
-      , strategy_(strategy)
+      , strategy_(json_text(strategy))
       , max_bytes_(max_bytes)
-      , origin_(clock::now()) {
+      , origin_(clock::now())
+      , last_write_(origin_) {
     std::error_code code;
     std::filesystem::create_directories(directory, code);
     file_.reset(std::fopen(path_.c_str(), "w"));
@@ -68,14 +78,19 @@ public:
     buffer_.reserve(flush_bytes + 1024);
     buffer_ += "[\n";
     const std::string pid = std::to_string(rank_);
+    const std::string of =
+        serial_ == 0 ? std::string() : ", communicator " + std::to_string(serial_);
     buffer_ += R"({"name":"process_name","ph":"M","pid":)" + pid + R"(,"args":{"name":"rank )" +
                pid + R"("}},)" + "\n";
     buffer_ += R"({"name":"process_sort_index","ph":"M","pid":)" + pid +
                R"(,"args":{"sort_index":)" + pid + "}},\n";
-    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid +
-               R"(,"tid":0,"args":{"name":"trainer"}},)" + "\n";
-    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid +
-               R"(,"tid":1,"args":{"name":"cohort reduction thread"}},)" + "\n";
+    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
+               std::to_string(tid(trace_thread::trainer)) + R"(,"args":{"name":"trainer)" + of +
+               R"("}},)" + "\n";
+    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
+               std::to_string(tid(trace_thread::reducer)) +
+               R"(,"args":{"name":"cohort reduction thread)" + of + R"("}},)" + "\n";
+    write_buffer();
   }
 
   trace_recorder(const trace_recorder&) = delete;
@@ -85,7 +100,8 @@ public:
   ~trace_recorder() {
     const std::lock_guard lock(mutex_);
     buffer_ += R"({"name":"end of trace","ph":"i","s":"p","pid":)" + std::to_string(rank_) +
-               R"(,"tid":0,"ts":)" + microseconds(clock::now()) + "}\n]\n";
+               R"(,"tid":)" + std::to_string(tid(trace_thread::trainer)) + R"(,"ts":)" +
+               microseconds(clock::now()) + "}\n]\n";
     write_buffer();
   }
 
@@ -102,7 +118,7 @@ public:
     // flat/traced row), then appended under the lock.
     line text;
     text.put(R"({"name":")").put(name).put(R"(","cat":"cohort","ph":"X","pid":)");
-    text.number(rank_).put(R"(,"tid":)").number(static_cast<int>(thread)).put(R"(,"ts":)");
+    text.number(rank_).put(R"(,"tid":)").number(tid(thread)).put(R"(,"ts":)");
     text.microseconds(start - origin_).put(R"(,"dur":)").microseconds(end - start);
     text.put(R"(,"args":{"strategy":")").put(strategy_).put(R"(","bytes":)").number(bytes);
     text.put(R"(,"bucket":)").number(bucket);
@@ -121,7 +137,9 @@ public:
         note.put(R"({"name":"trace full (max_bytes reached): later events are not recorded",)")
             .put(R"("ph":"i","s":"p","pid":)")
             .number(rank_)
-            .put(R"(,"tid":0,"ts":)")
+            .put(R"(,"tid":)")
+            .number(tid(trace_thread::trainer))
+            .put(R"(,"ts":)")
             .microseconds(end - origin_)
             .put("},\n");
         buffer_.append(note.view());
@@ -129,7 +147,8 @@ public:
       return;
     }
     buffer_.append(text.view());
-    if (buffer_.size() >= flush_bytes) {
+    if (buffer_.size() >= flush_bytes || end - last_write_ >= std::chrono::seconds(1)) {
+      last_write_ = end;
       write_buffer();
     }
   }
@@ -138,6 +157,32 @@ public:
 
 private:
   static constexpr std::size_t flush_bytes = std::size_t{1} << 20;
+
+  // The communicators traced in this process, in the order they were made (the same on every
+  // rank: communicators are made collectively).
+  static int next_serial() noexcept {
+    static std::atomic<int> serial{0};
+    return serial.fetch_add(1);
+  }
+
+  int tid(trace_thread thread) const noexcept { return 2 * serial_ + static_cast<int>(thread); }
+
+  // `text` as the inside of a JSON string (a strategy's name is the user's to choose), at most
+  // 64 characters of it.
+  static std::string json_text(std::string_view text) {
+    std::string out;
+    for (const char c : text.substr(0, 64)) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        out += '?';
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
 
   struct closer {
     void operator()(std::FILE* f) const noexcept { std::fclose(f); }
@@ -210,11 +255,13 @@ private:
     buffer_.clear();
   }
 
+  int serial_;
   std::filesystem::path path_;
   int rank_;
   std::string strategy_;
   std::uint64_t max_bytes_;
   clock::time_point origin_;
+  clock::time_point last_write_; // under mutex_
   std::unique_ptr<std::FILE, closer> file_;
   std::mutex mutex_;
   std::string buffer_;

@@ -181,7 +181,8 @@ private:
     f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
     // (`who` names the rendezvous, not the thread: the end of an overlapped step settles at
     // the reducer's on the trainer's thread)
-    const trace_span span(trace_.get(), "agreement", this_trace_thread(), 0, -1, operation);
+    const trace_span span(trace_.get(), "agreement",
+                          trace_ ? this_trace_thread() : trace_thread::trainer, 0, -1, operation);
     require_agreement(*live_, who, operation, sequence, f.value(), [&] {
       if (!problem.empty()) {
         return std::vector<signature_entry>{{"the call", "failed (" + problem + ")"}};

@@ -38,10 +38,8 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     carried = data->size_bytes();
     std::memcpy(buffers.mine.data() + header_bytes, data->data, carried);
   }
-  if (data != nullptr) {
-    mine[message_words - 2] = carried;
-    mine[message_words - 1] = ~static_cast<std::uint64_t>(carried);
-  }
+  mine[message_words - 2] = carried;
+  mine[message_words - 1] = ~static_cast<std::uint64_t>(carried);
   // The carried bytes are reduced while every message received carried as many (a message that
   // carried another size, or none, spoils them: the bounds then differ on every rank).
   bool whole = carried > 0;
@@ -81,13 +79,25 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     std::memcpy(incoming.data(), buffers.incoming.data(), header_bytes);
     return static_cast<std::size_t>(count) - header_bytes;
   };
-  const auto combine = [&](std::size_t received) {
+  // The lower rank's partial is always the first operand, so that both partners compute the
+  // same bits (min and max of NaN or of -0 and +0, and NaN payloads, depend on the order).
+  // Only data whose header says the same as this rank's so far is reduced (a rank that passed
+  // another dtype of as many bytes is found before its bytes are added up as this rank's type):
+  // the maxima of {h, ~h} pairs are equal exactly when every value behind them is.
+  const auto combine = [&](std::size_t received, int peer) {
+    const bool same = std::equal(mine.begin(), mine.end(), incoming.begin());
     for (std::size_t i = 0; i < message_words; ++i) {
       mine[i] = std::max(mine[i], incoming[i]);
     }
-    if (whole && received == carried) {
-      kernels::host::reduce(as_view(buffers.mine.data() + header_bytes),
-                            as_view(buffers.incoming.data() + header_bytes), op);
+    if (whole && same && received == carried) {
+      if (peer < rank_) {
+        kernels::host::reduce(as_view(buffers.incoming.data() + header_bytes),
+                              as_view(buffers.mine.data() + header_bytes), op);
+        std::swap(buffers.mine, buffers.incoming);
+      } else {
+        kernels::host::reduce(as_view(buffers.mine.data() + header_bytes),
+                              as_view(buffers.incoming.data() + header_bytes), op);
+      }
     } else {
       whole = false;
     }
@@ -104,7 +114,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     if (rank_ % 2 == 0) {
       exchange(rank_ + 1, true, false);
     } else {
-      combine(exchange(rank_ - 1, false, true));
+      combine(exchange(rank_ - 1, false, true), rank_ - 1);
       virtual_rank = rank_ / 2;
     }
   } else {
@@ -114,7 +124,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     for (int mask = 1; mask < pof2; mask <<= 1) {
       const int partner = virtual_rank ^ mask;
       const int peer = partner < rest ? partner * 2 + 1 : partner + rest;
-      combine(exchange(peer, true, true));
+      combine(exchange(peer, true, true), peer);
     }
   }
   if (rank_ < 2 * rest) {

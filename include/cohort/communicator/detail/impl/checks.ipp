@@ -46,10 +46,9 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
   f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<int>(op))));
   f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
   const std::uint64_t sequence = live_->next_sequence(waiter::caller, bytes);
+  const auto agreeing = trace_ ? trace_recorder::clock::now() : trace_recorder::clock::time_point{};
   bool reduced = false;
   {
-    const trace_span span(trace_.get(), "agreement and reduce", this_trace_thread(), bytes, -1,
-                          operation);
     // A rank whose arguments failed its own checks carries nothing (its view may be anything).
     const tensor_view carried = problem.empty() ? data : tensor_view{};
     reduced = require_agreement_carrying(
@@ -63,6 +62,10 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
                                  std::string(to_string(op)) + ")"}};
         },
         carried, op);
+  }
+  if (trace_) {
+    trace_->span(reduced ? "agreement and reduce" : "agreement", this_trace_thread(), agreeing,
+                 trace_recorder::clock::now(), reduced ? bytes : 0, -1, operation);
   }
   if (!problem.empty()) {
     throw invalid_argument(problem);
@@ -94,7 +97,11 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
     }
     if (!directory.empty()) {
       try {
-        trace_ = std::make_unique<trace_recorder>(directory, rank(), strategy);
+        // Named by the rank in MPI_COMM_WORLD: the processes' files never collide, whatever
+        // communicator (a split, say) is traced.
+        int world_rank = 0;
+        mpi::check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank", MPI_COMM_WORLD);
+        trace_ = std::make_unique<trace_recorder>(directory, world_rank, strategy);
       } catch (const error& e) {
         throw invalid_argument(e.what());
       }

@@ -340,13 +340,18 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
     }
   }
   const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
-  const trace_span span(c.options().check_agreement ? c.trace() : nullptr,
-                        carried.count > 0 ? "agreement and reduce" : "agreement",
-                        trace_thread::trainer, carried.size_bytes(), carried.count > 0 ? 0 : -1,
-                        "allreduce_grad");
-  return validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence, slots_,
-                            c.options().check_agreement, missing, problem, mode, table, carried,
-                            carried_op);
+  trace_recorder* const trace = c.options().check_agreement ? c.trace() : nullptr;
+  const auto agreeing =
+      trace != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const bool reduced = validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence,
+                                          slots_, c.options().check_agreement, missing, problem,
+                                          mode, table, carried, carried_op);
+  if (trace != nullptr) { // (not when it threw: the error says more than a span would)
+    trace->span(reduced ? "agreement and reduce" : "agreement", trace_thread::trainer, agreeing,
+                std::chrono::steady_clock::now(), reduced ? carried.size_bytes() : 0,
+                reduced ? 0 : -1, "allreduce_grad");
+  }
+  return reduced;
 }
 
 COHORT_DECL void grad_sync::prepare_buckets(const strategy_ref& s, const reduction_table& table,
