@@ -79,7 +79,7 @@ case "${1:-}" in
     # The multi-rank suites (and the one unit test ctest's pattern below takes with them).
     targets=(test_transport_mpi test_algorithm_ring test_communicator_collectives
              test_communicator_bucket_plan test_communicator_allreduce_grad
-             test_communicator_overlap test_communicator_overlap_separate
+             test_communicator_overlap test_communicator_overlap_separate test_communicator_trace
              test_communicator_any_communicator
              test_communicator_topology test_communicator_failure
              test_training_distributed_optimizer test_training_scatter_dataset

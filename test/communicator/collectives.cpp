@@ -436,9 +436,8 @@ BOOST_AUTO_TEST_CASE(a_rank_that_carries_nothing_makes_every_rank_fall_back) {
                                             ++sequence, data, reduce_op::sum);
     }
     BOOST_TEST((values == std::array<std::uint64_t, 2>{7, ~std::uint64_t{7}}));
-    BOOST_TEST((reduced == nullptr || world.size() == 1), "rank " << world.rank()
-                                                                  << " used a reduction that rank "
-                                                                  << skipper << " left out");
+    BOOST_TEST((reduced == nullptr || world.size() == 1),
+               "rank " << world.rank() << " used a reduction that rank " << skipper << " left out");
   }
   // Every rank carrying: the sum, everywhere.
   std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
