@@ -84,36 +84,16 @@ COHORT_DECL std::string describe_mismatch(std::string_view operation,
 //! they do, naming the first item that differs (in the first pair that differs), both values and
 //! both ranks. Several pairs cost one rendezvous, and keep each description's item numbers.
 template <class... Describe>
+bool require_agreement_carrying_of(liveness& live, waiter who, const char* operation,
+                                   std::uint64_t sequence, tensor_view data, reduce_op op,
+                                   std::pair<std::uint64_t, Describe>... checks);
+
+template <class... Describe>
 void require_agreement_of(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
                           std::pair<std::uint64_t, Describe>... checks) {
-  if (live.size() == 1) {
-    return;
-  }
-  // max(h) and max(~h) = ~min(h) in one reduction: they are equal on every rank exactly when
-  // every rank passed the same h.
-  constexpr std::size_t n = sizeof...(Describe);
-  std::array<std::uint64_t, 2 * n> bounds{};
-  std::size_t i = 0;
-  ((bounds[i] = checks.first, bounds[i + n] = ~checks.first, ++i), ...);
-  live.allreduce_max(who, bounds, operation, sequence);
-  std::size_t differing = 0;
-  while (differing < n && bounds[differing] == ~bounds[differing + n]) {
-    ++differing;
-  }
-  if (differing == n) {
-    return;
-  }
-  // Every rank has arrived (each contributed to the bounds): the exchange below cannot wait for
-  // a rank that never comes, only for one that dies now, which the watchdog covers.
-  std::vector<signature_entry> mine;
-  i = 0;
-  ((i++ == differing ? (mine = checks.second(), 0) : 0), ...);
-  std::vector<std::vector<signature_entry>> all;
-  {
-    const watch_scope watch(live.slot(who), operation, sequence, 0, true);
-    all = gather_descriptions(live.channel(who), mine);
-  }
-  throw mismatch_error(describe_mismatch(operation, all));
+  // The carrying rendezvous with nothing to carry (one mechanism, one mismatch path).
+  (void)require_agreement_carrying_of(live, who, operation, sequence, tensor_view{}, reduce_op::sum,
+                                      checks...);
 }
 
 //! `require_agreement_of` with one fingerprint.
@@ -149,11 +129,13 @@ bool require_agreement_carrying_of(liveness& live, waiter who, const char* opera
     ++differing;
   }
   if (differing == n) {
-    if (reduced != nullptr) {
+    if (reduced != nullptr && data.count > 0) {
       std::memcpy(data.data, reduced, data.size_bytes());
     }
     return reduced != nullptr;
   }
+  // Every rank has arrived (each contributed to the bounds): the exchange below cannot wait for
+  // a rank that never comes, only for one that dies now, which the watchdog covers.
   std::vector<signature_entry> mine;
   i = 0;
   ((i++ == differing ? (mine = checks.second(), 0) : 0), ...);

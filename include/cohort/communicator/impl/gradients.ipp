@@ -119,12 +119,10 @@ COHORT_DECL bool validate_gradients(liveness& live, waiter who, const char* oper
         std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout);
     const auto plan = std::pair<std::uint64_t, decltype(describe_plan)&>(
         reduction_fingerprint(slots, mode, plan_of), describe_plan);
-    if (carried.count > 0) {
-      reduced =
-          require_agreement_carrying_of(live, who, operation, sequence, carried, op, layout, plan);
-    } else {
-      require_agreement_of(live, who, operation, sequence, layout, plan);
-    }
+    // (Nothing carried: the rendezvous only agrees, and says nothing was reduced.)
+    reduced =
+        require_agreement_carrying_of(live, who, operation, sequence, carried, op, layout, plan) &&
+        carried.count > 0;
   }
   if (!problem.empty()) {
     throw invalid_argument(problem);
