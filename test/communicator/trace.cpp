@@ -94,6 +94,15 @@ std::filesystem::path fresh_directory(Communicator& comm, const std::string& nam
 
 // This rank's one trace file in `dir` (cohort-trace-rank<r>.json, or .comm<k>.json for a
 // communicator traced after another in the same process).
+// Removes a test's directory once every rank is done with it.
+template <class Communicator>
+void remove_directory(Communicator& comm, const std::filesystem::path& dir) {
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+}
+
 std::filesystem::path file_of(const std::filesystem::path& dir, int rank) {
   std::vector<std::filesystem::path> found;
   const std::string prefix = "cohort-trace-rank" + std::to_string(rank) + ".";
@@ -189,10 +198,7 @@ BOOST_AUTO_TEST_CASE(blocking_steps_are_traced_bucket_by_bucket) {
   work.insert(work.end(), unpacks.begin(), unpacks.end());
   work.insert(work.end(), agreements.begin(), agreements.end());
   require_sequential(work);
-  probe.barrier();
-  if (probe.rank() == 0) {
-    std::filesystem::remove_all(dir);
-  }
+  remove_directory(probe, dir);
 }
 
 BOOST_AUTO_TEST_CASE(overlapped_steps_trace_the_reduction_thread) {
@@ -246,10 +252,7 @@ BOOST_AUTO_TEST_CASE(overlapped_steps_trace_the_reduction_thread) {
   }
   BOOST_TEST(step_ends == static_cast<std::size_t>(steps));
   BOOST_TEST(named(events, "agreement", 1).size() == stats.buckets);
-  probe.barrier();
-  if (probe.rank() == 0) {
-    std::filesystem::remove_all(dir);
-  }
+  remove_directory(probe, dir);
 }
 
 BOOST_AUTO_TEST_CASE(a_trace_directory_a_rank_cannot_write_is_an_error_on_every_rank) {
@@ -273,10 +276,7 @@ BOOST_AUTO_TEST_CASE(a_trace_directory_a_rank_cannot_write_is_an_error_on_every_
     BOOST_CHECK_EXCEPTION(make(), cohort::mismatch_error,
                           message_has({"rank " + std::to_string(probe.size() - 1), "trace"}));
   }
-  probe.barrier();
-  if (probe.rank() == 0) {
-    std::filesystem::remove_all(dir);
-  }
+  remove_directory(probe, dir);
 }
 
 BOOST_AUTO_TEST_CASE(communicators_traced_at_once_write_files_of_their_own) {
@@ -316,8 +316,5 @@ BOOST_AUTO_TEST_CASE(communicators_traced_at_once_write_files_of_their_own) {
   std::sort(strategies.begin(), strategies.end());
   BOOST_TEST((strategies == std::vector<std::string>{"flat", "naive"}));
   BOOST_TEST(communicators[0] != communicators[1]);
-  probe.barrier();
-  if (probe.rank() == 0) {
-    std::filesystem::remove_all(dir);
-  }
+  remove_directory(probe, dir);
 }
