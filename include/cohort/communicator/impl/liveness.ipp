@@ -34,7 +34,8 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   mine[1] = ~name;
   std::copy(values, values + n, mine.begin() + 2);
   std::size_t carried = 0;
-  if (data != nullptr && data->size_bytes() <= max_carried_bytes) {
+  // (An empty view carries nothing: its pointer may be null, which memcpy must not see.)
+  if (data != nullptr && data->size_bytes() > 0 && data->size_bytes() <= max_carried_bytes) {
     carried = data->size_bytes();
     std::memcpy(buffers.mine.data() + header_bytes, data->data, carried);
   }
