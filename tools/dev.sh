@@ -12,6 +12,9 @@
 #                          next); suppressions for Open MPI in test/sanitizers
 #   tools/dev.sh bench [allreduce|grad_sync|overlap|checkpoint] [options]
 #                          build and run a benchmark (default allreduce) on 2 ranks
+#   tools/dev.sh bench plot
+#                          run the benchmarks behind docs/performance.md at 2 and 4 ranks into
+#                          bench/results-plot-*.txt, draw its figures and check the cost model
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
 
@@ -20,10 +23,11 @@ build=${COHORT_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 # libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested,
-# libxxhash-dev for checkpoints, clang-14 and its libFuzzer runtime to fuzz their loader.
+# libxxhash-dev for checkpoints, clang-14 and its libFuzzer runtime to fuzz their loader,
+# numpy and matplotlib for bench/'s figures and cost model (and their test).
 packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
           libboost-serialization-dev libeigen3-dev libtorch-dev libxxhash-dev clang-14
-          libclang-rt-14-dev)
+          libclang-rt-14-dev python3-numpy python3-matplotlib)
 
 deps() {
   local missing=()
@@ -118,6 +122,27 @@ case "${1:-}" in
     shift
     benchmark=allreduce
     case "${1:-}" in
+      plot)
+        deps
+        configure_and_build --target bench_allreduce bench_grad_sync bench_overlap
+        mpi_environment
+        # Open MPI as users run it: its single-copy transport back on (the tests turn it off,
+        # since containers often forbid the ptrace it needs).
+        unset OMPI_MCA_btl_vader_single_copy_mechanism
+        # ranks, benchmark, table name, options
+        table() {
+          mpirun -np "$1" "$build/bench/bench_$2" "${@:4}" >"$root/bench/results-plot-$3-np$1.txt"
+        }
+        for n in 2 4; do
+          table "$n" allreduce allreduce
+          table "$n" allreduce allreduce16k --tensor-bytes 16K --max-bytes 64M
+          table "$n" grad_sync grad_sync
+          table "$n" overlap overlap
+        done
+        /usr/bin/python3 "$root/bench/plot.py"
+        /usr/bin/python3 "$root/bench/cost_model.py" | tee "$root/bench/results-cost_model.txt"
+        exit 0
+        ;;
       allreduce | grad_sync | overlap | checkpoint)
         benchmark=$1
         shift
@@ -134,7 +159,7 @@ case "${1:-}" in
     mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"
     ;;
   *)
-    sed -n '3,14p' "${BASH_SOURCE[0]}"
+    sed -n '3,17p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
 esac
