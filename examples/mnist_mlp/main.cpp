@@ -448,11 +448,7 @@ int train(const options& o, Communicator& comm) {
       std::printf("epoch %d/%d: train loss %.4f, train accuracy %.4f, %.2f s\n", epoch + 1,
                   o.epochs, global.at("loss"), global.at("accuracy"), seconds.count());
     }
-    const cohort::grad_sync_stats sync = comm.take_grad_sync_stats(); // (every rank: it resets)
-    if (report) {
-      print_grad_sync(sync);
-      std::fflush(stdout);
-    }
+    report_grad_sync(comm, report); // collective: every rank
   }
   const std::chrono::duration<double> training_seconds = std::chrono::steady_clock::now() - start;
 

@@ -301,11 +301,7 @@ int train(const options& o, cohort::flat& comm) {
       std::printf("epoch %d/%d: train loss %.4f, train accuracy %.4f\n", epoch + 1, o.epochs,
                   global.at("loss"), global.at("accuracy"));
     }
-    const cohort::grad_sync_stats sync = comm.take_grad_sync_stats(); // (every rank: it resets)
-    if (report) {
-      print_grad_sync(sync);
-      std::fflush(stdout);
-    }
+    report_grad_sync(comm, report); // collective: every rank
   }
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
 

@@ -87,6 +87,11 @@ void check_allreduce_grad(Reducer reducer, double tolerance,
     }
   }
   BOOST_CHECK_EQUAL(comm.bucket_count(), oracle.bucket_count());
+  // The statistics count the device's collectives, as the host's.
+  const cohort::grad_sync_stats stats = comm.take_grad_sync_stats();
+  BOOST_CHECK_EQUAL(stats.steps, 1u);
+  BOOST_CHECK_EQUAL(stats.buckets, comm.bucket_count());
+  BOOST_CHECK_EQUAL(stats.buckets, oracle.take_grad_sync_stats().buckets);
 }
 } // namespace
 

@@ -16,9 +16,10 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! `reducing` is the time the buckets took (pack, exchange, unpack), wherever they ran. For a GPU
 //! strategy, the time to enqueue its work, not the device's.
 struct grad_sync_stats {
-  std::uint64_t steps = 0;   //!< reductions completed
+  std::uint64_t steps = 0;   //!< reductions completed (a step that threw is not one; the
+                             //!< collectives and time it spent before are counted below)
   std::uint64_t bytes = 0;   //!< gradient bytes reduced (this rank's, before any cast)
-  std::uint64_t buckets = 0; //!< collectives run for them
+  std::uint64_t buckets = 0; //!< collectives run for them (a device strategy's as it counts them)
   std::chrono::nanoseconds reducing{0};
   std::chrono::nanoseconds exposed{0};
 

@@ -52,6 +52,11 @@ public:
       s.reduce_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
         static_cast<Strategy*>(p)->reduce_gradients(slots, t);
       };
+      if constexpr (requires(const Strategy& st) { st.device_bucket_count(); }) {
+        s.device_buckets = [](const void* p) -> std::size_t {
+          return static_cast<const Strategy*>(p)->device_bucket_count();
+        };
+      }
       if constexpr (requires(Strategy & st, std::span<const grad_slot> g,
                              const reduction_table& t) { st.prepare_gradients(g, t); }) {
         s.prepare_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {

@@ -54,6 +54,9 @@ struct strategy_ref {
   void (*prepare)(void*, const bucket&) = nullptr;
   void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
   void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
+  // Collectives a device strategy's `reduce_all` ran in its last call (`device_bucket_count()`),
+  // for grad_sync_stats; null when it does not say.
+  std::size_t (*device_buckets)(const void*) = nullptr;
   // `exchange` is an all-reduce over every rank (`static constexpr bool exchange_is_allreduce`):
   // a blocking step of one small bucket may then travel in the step's agreement.
   bool exchange_is_allreduce = false;

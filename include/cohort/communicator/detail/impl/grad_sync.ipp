@@ -61,6 +61,7 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
       const trace_span span(trace, "reduce (enqueued on the device)", trace_thread::trainer,
                             step_bytes_);
       s.reduce_all(s.self, slots, table);
+      stats_.buckets += s.device_buckets != nullptr ? s.device_buckets(s.self) : 0;
       return;
     }
     const std::size_t buckets = reduction_.plan().buckets().size();
