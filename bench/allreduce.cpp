@@ -69,6 +69,7 @@ struct settings {
   int large_iters = 0;
   int warmup = 1;
   bool unchecked_rows = true;
+  std::size_t ring_window = 2;
   bool help = false;
 };
 
@@ -84,6 +85,7 @@ constexpr const char* usage =
     "  --large-bytes B   where --large-iters starts (default 64M)\n"
     "  --warmup N        untimed repetitions per size before timing (default 1)\n"
     "  --checked-only    leave out the rows with the agreement check off\n"
+    "  --ring-window N   chunks in flight each way in the row ring/window (default 2)\n"
     "  --quick           4K to 1M, 3 repetitions: a smoke run\n"
     "  --help            this text\n";
 
@@ -162,6 +164,8 @@ settings parse(int argc, char** argv) {
       s.large_bytes = parse_bytes(flag, value());
     } else if (flag == "--warmup") {
       s.warmup = parse_count(flag, value(), 0);
+    } else if (flag == "--ring-window") {
+      s.ring_window = static_cast<std::size_t>(parse_count(flag, value(), 0));
     } else if (flag == "--checked-only") {
       s.unchecked_rows = false;
     } else if (flag == "--quick") {
@@ -247,9 +251,10 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
   std::printf("# hierarchical, two_dimensional: the same buckets, reduced in two levels over the "
               "nodes above (set COHORT_RANKS_PER_NODE to simulate several nodes on one machine)\n");
   std::printf("# raw: one MPI_Allreduce(MPI_IN_PLACE) over one contiguous buffer of the same "
-              "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks) on it; "
+              "bytes; ring: cohort's ring all-reduce (algorithm/ring.hpp, 1 MiB chunks, all of "
+              "a step posted at once) on it, ring/window: the same with %zu chunks in flight; "
               "tensor: flat.allreduce(buffer), in segments of %zu bytes\n",
-              cohort::communicator_options{}.segment_bytes);
+              s.ring_window, cohort::communicator_options{}.segment_bytes);
   std::printf("# agreement check: on for naive, flat and tensor%s\n",
               s.unchecked_rows ? "; off for naive/nocheck, flat/nocheck and tensor/nocheck" : "");
   std::printf("# timeout: 10 min (the default: watched by the watchdog) everywhere but "
@@ -359,16 +364,21 @@ int run(int argc, char** argv) {
                                             "MPI_Allreduce (raw)", raw_comm);
                        },
                        fill_raw, check_raw});
-    // The ring of algorithm/ring.hpp on the same contiguous buffer, on a communicator of its own.
-    methods.push_back(
-        {"ring",
-         [&] {
-           cohort::algorithm::ring_allreduce(
-               ring_comm,
-               {contiguous.data(), elements, cohort::dtype::float32, cohort::memory_location::host},
-               cohort::reduce_op::sum, {}, ring_workspace);
-         },
-         fill_raw, check_raw});
+    // The ring of algorithm/ring.hpp on the same contiguous buffer, on a communicator of its own:
+    // with its defaults (every chunk of a step posted at once), and with a bounded window.
+    for (const auto& row : {std::pair<const char*, std::size_t>{"ring", 0},
+                            std::pair<const char*, std::size_t>{"ring/window", s.ring_window}}) {
+      const std::size_t window = row.second;
+      methods.push_back({row.first,
+                         [&, window] {
+                           cohort::algorithm::ring_allreduce(
+                               ring_comm,
+                               {contiguous.data(), elements, cohort::dtype::float32,
+                                cohort::memory_location::host},
+                               cohort::reduce_op::sum, {.window = window}, ring_workspace);
+                         },
+                         fill_raw, check_raw});
+    }
     // The same contiguous buffer through the communicator's tensor all-reduce (checked, in
     // segments of communicator_options::segment_bytes).
     methods.push_back({"tensor", [&] { flat.allreduce(contiguous); }, fill_raw, check_raw});

@@ -31,7 +31,15 @@ std::vector<std::size_t> sizes(int ranks) {
   return {0, 1, n > 1 ? n - 1 : 2, n + 1, 5 * n + 1, 1000};
 }
 
-const algorithm::ring_options option_sets[] = {{}, {.chunk_bytes = 1}, {.chunk_bytes = 24}};
+// Chunks of one element, all in flight (the default) or in windows of one, two and three: a send
+// waiting on the one a window before it, every message's order kept.
+const algorithm::ring_options option_sets[] = {{},
+                                               {.chunk_bytes = 1},
+                                               {.chunk_bytes = 1, .window = 1},
+                                               {.chunk_bytes = 1, .window = 2},
+                                               {.chunk_bytes = 1, .window = 3},
+                                               {.chunk_bytes = 24},
+                                               {.chunk_bytes = 24, .window = 1}};
 } // namespace
 
 using element_types = std::tuple<float, double, cohort::float16, cohort::bfloat16, std::int32_t,
@@ -49,7 +57,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_equals_mpi, T, element_types) {
         cohort::mpi::allreduce(comm, cohort::make_view(oracle), op);
         for (std::size_t i = 0; i < n; ++i) {
           BOOST_TEST_REQUIRE(as_double(ring[i]) == as_double(oracle[i]),
-                             "n " << n << " element " << i << " chunk " << options.chunk_bytes);
+                             "n " << n << " element " << i << " chunk " << options.chunk_bytes
+                                  << " window " << options.window);
         }
       }
     }

@@ -3,8 +3,9 @@
 
 // Collectives written on point-to-point messages, independent of the engine's own collectives:
 // the ring reduce-scatter, the ring all-gather, and the ring all-reduce made of the two. Each
-// step's block travels in chunks that are all posted at once, and each chunk is reduced as soon
-// as it arrives, so that the reduction of one chunk overlaps the transfer of the next. They work
+// step's block travels in chunks (all posted at once, or a bounded window of them in flight each
+// way), and each chunk is reduced as soon as it arrives, so that the reduction of one chunk
+// overlaps the transfer of the next. They work
 // on type-erased views (any dtype, any rank count, counts not divisible by it, zero elements).
 //
 // The data is split into `size` blocks, block b being elements [b*n/size, (b+1)*n/size): the
@@ -34,6 +35,14 @@ struct ring_options {
   //! The size of the chunks a block travels in: small enough to pipeline, large enough for the
   //! link. Tests set it to a few bytes to force many chunks on tiny inputs.
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  //! How many chunks are in flight each way at once; 0 (the default): all of a step's, posted
+  //! together. A window bounds the memory in flight (pinned or registered buffers on some
+  //! links); it gained nothing consistent over Open MPI's shared memory, where the receiver copies
+  //! each chunk as it waits for it, so that chunks posted early do not leave the cache before they
+  //! are reduced: windows of 1, 2, 4 and 8 chunks measured from 8% faster to 25% slower than all
+  //! at once, 512 KiB to 256 MiB (bench/allreduce --ring-window, rows ring and ring/window;
+  //! bench/results-ring-window-np{2,4}.txt).
+  std::size_t window = 0;
   //! The tag of the ring's messages on the communicator (give the ring a communicator of its own,
   //! or a tag nothing else uses).
   int tag = 0x7269;
@@ -125,35 +134,66 @@ void ring_step(MPI_Comm comm, const ring_position& ring, const_tensor_view outgo
                Arrived&& arrived) {
   const std::size_t element = size_of(staging.type);
   const std::size_t chunk = std::max<std::size_t>(1, options.chunk_bytes / element);
+  const std::size_t incoming = (staging.count + chunk - 1) / chunk;
+  const std::size_t outgoing_chunks = (outgoing.count + chunk - 1) / chunk;
+  const std::size_t window =
+      options.window == 0 ? std::max(incoming, outgoing_chunks) : options.window;
   auto& receives = workspace.receives();
   auto& sends = workspace.sends();
   receives.clear();
   sends.clear();
-  for (std::size_t begin = 0; begin < staging.count; begin += chunk) {
-    const std::size_t n = std::min(chunk, staging.count - begin);
-    receives.push_back(mpi::irecv(comm,
-                                  {static_cast<std::byte*>(staging.data) + begin * element, n,
-                                   staging.type, staging.location},
-                                  ring.previous, options.tag));
+  // Chunk i of each direction is message i between the two neighbours: MPI keeps their order.
+  const auto post_receive = [&] {
+    const std::size_t begin = receives.size() * chunk;
+    receives.push_back(
+        mpi::irecv(comm,
+                   {static_cast<std::byte*>(staging.data) + begin * element,
+                    std::min(chunk, staging.count - begin), staging.type, staging.location},
+                   ring.previous, options.tag));
+  };
+  const auto post_send = [&] {
+    const std::size_t begin = sends.size() * chunk;
+    sends.push_back(
+        mpi::isend(comm,
+                   {static_cast<const std::byte*>(outgoing.data) + begin * element,
+                    std::min(chunk, outgoing.count - begin), outgoing.type, outgoing.location},
+                   ring.next, options.tag));
+  };
+  // A send leaves once the one `window` places before it has completed. This cannot deadlock:
+  // the send a rank waits for completes when its next rank posts that receive, which it does
+  // after reducing an earlier chunk, whose send had completed before.
+  std::size_t sent = 0; // sends completed
+  const auto send_next = [&] {
+    if (sends.size() - sent == window) {
+      sends[sent++].wait();
+    }
+    post_send();
+  };
+  while (receives.size() < std::min(window, incoming)) {
+    post_receive();
   }
-  for (std::size_t begin = 0; begin < outgoing.count; begin += chunk) {
-    const std::size_t n = std::min(chunk, outgoing.count - begin);
-    sends.push_back(mpi::isend(comm,
-                               {static_cast<const std::byte*>(outgoing.data) + begin * element, n,
-                                outgoing.type, outgoing.location},
-                               ring.next, options.tag));
+  while (sends.size() < std::min(window, outgoing_chunks)) {
+    post_send();
   }
-  std::size_t begin = 0;
-  for (auto& r : receives) {
-    r.wait();
-    const std::size_t n = std::min(chunk, staging.count - begin);
-    arrived(const_tensor_view{static_cast<std::byte*>(staging.data) + begin * element, n,
-                              staging.type, staging.location},
+  for (std::size_t i = 0; i < incoming; ++i) {
+    receives[i].wait();
+    const std::size_t begin = i * chunk;
+    arrived(const_tensor_view{static_cast<std::byte*>(staging.data) + begin * element,
+                              std::min(chunk, staging.count - begin), staging.type,
+                              staging.location},
             begin);
-    begin += n;
+    if (receives.size() < incoming) {
+      post_receive();
+    }
+    if (sends.size() < outgoing_chunks) {
+      send_next();
+    }
   }
-  for (auto& s : sends) {
-    s.wait();
+  while (sends.size() < outgoing_chunks) {
+    send_next();
+  }
+  for (; sent < sends.size(); ++sent) {
+    sends[sent].wait();
   }
   receives.clear();
   sends.clear();
