@@ -104,6 +104,11 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(two_level_strategies_on_simulated_nodes, Strategy,
     auto tiny = cohort::make_communicator<Strategy>(
         {.simulated_ranks_per_node = per_node, .bucket_bytes = 64});
     check_every_dtype(tiny, cohort::mean{}, true);
+    // Each level's reduce, broadcast and all-reduce in the smallest segments, which do not divide
+    // the tensors (4100 bytes: not a multiple of every dtype's size).
+    auto segmented = cohort::make_communicator<Strategy>(
+        {.simulated_ranks_per_node = per_node, .bucket_bytes = 1 << 16, .segment_bytes = 4100});
+    check_every_dtype(segmented, cohort::mean{}, true);
   }
 }
 
@@ -118,8 +123,8 @@ BOOST_AUTO_TEST_CASE(every_bucket_size_gives_the_same_results) {
       {.bucket_bytes = 4096},
       {.bucket_bytes = 4096, .fusion_threshold_bytes = 0},
       {.bucket_bytes = std::size_t{1} << 20, .first_bucket_bytes = 100},
-      {.bucket_bytes = 4096, .segment_bytes = 20},       // buckets in segments
-      {.fusion_threshold_bytes = 0, .segment_bytes = 6}, // tensors in place, in segments
+      {.bucket_bytes = 1 << 16, .segment_bytes = 4096},     // buckets in segments
+      {.fusion_threshold_bytes = 0, .segment_bytes = 4100}, // tensors in place, in segments
       {},
   };
   for (const auto& options : shapes) {
@@ -504,9 +509,13 @@ BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
       cohort::mismatch_error,
       message_has({"communicator creation", "bucket_bytes", "4096", "1024", last_rank}));
   BOOST_CHECK_EXCEPTION(
-      cohort::make_communicator<cohort::flat>({.segment_bytes = odd_one ? 0u : 1024u}),
+      cohort::make_communicator<cohort::flat>({.segment_bytes = odd_one ? 0u : 8192u}),
       cohort::mismatch_error,
-      message_has({"communicator creation", "segment_bytes", "1024", "0", last_rank}));
+      message_has({"communicator creation", "segment_bytes", "8192", "0", last_rank}));
+  // Segments below the floor: refused on every rank, naming the option and the floor.
+  BOOST_CHECK_EXCEPTION(
+      cohort::make_communicator<cohort::flat>({.segment_bytes = 100}), cohort::invalid_argument,
+      message_has({"communicator creation", "segment_bytes is 100 bytes", "at least 4096"}));
   BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.check_agreement = !odd_one}),
                         cohort::mismatch_error,
                         message_has({"check_agreement", "true", "false", last_rank}));

@@ -57,14 +57,14 @@ struct cohort::tensor_traits<blob> {
 };
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_every_dtype_and_awkward_sizes, Strategy, strategies) {
-  // Whole, in the default 1 MiB segments (70001 doubles are two), and in segments of 12 bytes
-  // (not a multiple of every dtype's size) and of less than one element.
+  // Whole, in the default 1 MiB segments (70001 doubles are two), and in the smallest segments,
+  // of 4096 bytes and of 4100 (not a multiple of every dtype's size).
   for (const std::size_t segment :
-       {std::size_t{0}, std::size_t{1} << 20, std::size_t{12}, std::size_t{1}}) {
+       {std::size_t{0}, std::size_t{1} << 20, std::size_t{4096}, std::size_t{4100}}) {
     auto comm = cohort::make_communicator<Strategy>({.segment_bytes = segment});
     const std::size_t not_divisible = static_cast<std::size_t>(comm.size()) * 5 + 1;
-    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, not_divisible,
-                                segment < 8 ? std::size_t{301} : std::size_t{70001}}) {
+    for (const std::size_t n :
+         {std::size_t{0}, std::size_t{1}, not_divisible, std::size_t{70001}}) {
       check_allreduce_sum<float>(comm, n);
       check_allreduce_sum<double>(comm, n);
       check_allreduce_sum<cohort::float16>(comm, n);
@@ -72,6 +72,16 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_every_dtype_and_awkward_sizes, Strategy,
       check_allreduce_sum<std::int32_t>(comm, n);
       check_allreduce_sum<std::int64_t>(comm, n);
       check_allreduce_sum<std::uint8_t>(comm, n);
+    }
+    // The non-blocking all-reduce, in the same segments, all in flight at once.
+    std::vector<double> values(70001);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = static_cast<double>(closed_form(i, comm.rank()));
+    }
+    comm.iallreduce(values).wait();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      BOOST_TEST_REQUIRE(values[i] == static_cast<double>(closed_form_sum(i, comm.size())),
+                         "iallreduce element " << i << ", segments of " << segment);
     }
   }
 }

@@ -99,7 +99,8 @@ public:
   template <writable_tensor T>
   requires host_tensor<T> mpi::request iallreduce(T& t, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("iallreduce");
-    return mpi::iallreduce(comm_, agreed_view(t, "iallreduce", static_cast<int>(op), "op"), op);
+    return mpi::iallreduce(comm_, agreed_view(t, "iallreduce", static_cast<int>(op), "op"), op,
+                           options().segment_bytes);
   }
 
   //! Copies `t` from `root` to every rank.

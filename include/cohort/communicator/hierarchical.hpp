@@ -40,8 +40,9 @@ private:
 
   void exchange(tensor_view bucket, reduce_op op) {
     // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
-    detail::hierarchical_exchange(detail::mpi_link<Intra>{this->grad_intra_comm()},
-                                  detail::mpi_link<Inter>{this->grad_inter_comm()},
+    const std::size_t segment = this->options().segment_bytes;
+    detail::hierarchical_exchange(detail::mpi_link<Intra>{this->grad_intra_comm(), segment},
+                                  detail::mpi_link<Inter>{this->grad_inter_comm(), segment},
                                   this->intra_rank() == 0, bucket, op);
   }
 };

@@ -13,7 +13,8 @@ inline namespace COHORT_ABI_NAMESPACE {
 
 //! The links a two-level strategy uses inside a node (Intra) or between nodes (Inter): how a
 //! buffer is reduced to a root, broadcast, and all-reduced over the ranks of one of its
-//! communicators. A policy is a type with these static functions.
+//! communicators. A policy is a type with these static functions; one that also takes a last
+//! `std::size_t segment_bytes` is given `communicator_options::segment_bytes`.
 template <class L>
 concept links = requires(MPI_Comm comm, tensor_view data, reduce_op op, int root) {
   L::reduce(comm, data, op, root);
@@ -28,16 +29,18 @@ concept links = requires(MPI_Comm comm, tensor_view data, reduce_op op, int root
 //! <cohort/communicator/gpu/two_level.hpp> (nvcc, through <cohort/nccl.hpp>).
 struct nccl_links {};
 
-//! MPI on host memory.
+//! MPI on host memory, in segments of at most `segment_bytes` (0: whole).
 struct mpi_links {
-  static void reduce(MPI_Comm comm, tensor_view data, reduce_op op, int root) {
-    mpi::reduce(comm, data, op, root);
+  static void reduce(MPI_Comm comm, tensor_view data, reduce_op op, int root,
+                     std::size_t segment_bytes = 0) {
+    mpi::reduce(comm, data, op, root, segment_bytes);
   }
-  static void broadcast(MPI_Comm comm, tensor_view data, int root) {
-    mpi::broadcast(comm, data, root);
+  static void broadcast(MPI_Comm comm, tensor_view data, int root, std::size_t segment_bytes = 0) {
+    mpi::broadcast(comm, data, root, segment_bytes);
   }
-  static void allreduce(MPI_Comm comm, tensor_view data, reduce_op op) {
-    mpi::allreduce(comm, data, op);
+  static void allreduce(MPI_Comm comm, tensor_view data, reduce_op op,
+                        std::size_t segment_bytes = 0) {
+    mpi::allreduce(comm, data, op, segment_bytes);
   }
 };
 

@@ -50,8 +50,12 @@ struct communicator_options {
   //! segments of this size, one after the other, so that each stays in cache. Past a few MiB Open
   //! MPI's all-reduce works through a temporary buffer as large as the message: on the figures of
   //! bench/allreduce one 32 MiB call costs 4x what 32 calls of 1 MiB do, and 1 MiB costs what one
-  //! call does from 1 to 4 MiB. 0 hands MPI every message whole.
+  //! call does from 1 to 4 MiB. 0 hands MPI every message whole. Also the pieces of the
+  //! two-level strategies' reduce, broadcast and all-reduce over MPI links, and of the tensor
+  //! `iallreduce`. At least `min_segment_bytes` (a smaller one is refused when the communicator is
+  //! made: a 100 MB tensor in 16-byte pieces would be millions of calls).
   std::size_t segment_bytes = std::size_t{1} << 20;
+  static constexpr std::size_t min_segment_bytes = 4096;
 
   //! How long any MPI operation cohort runs may wait for the other ranks before the job is ended
   //! (one line on stderr naming the operation, its number, the bytes, the time waited and the

@@ -83,10 +83,11 @@ private:
   }
 
   void exchange(tensor_view bucket, reduce_op op) {
-    detail::two_dimensional_exchange(detail::mpi_ring_link{this->grad_intra_comm(),
-                                                           this->intra_rank(), this->intra_size(),
-                                                           ring_},
-                                     detail::mpi_link<Inter>{this->grad_inter_comm()}, bucket, op);
+    detail::two_dimensional_exchange(
+        detail::mpi_ring_link{this->grad_intra_comm(), this->intra_rank(), this->intra_size(),
+                              ring_},
+        detail::mpi_link<Inter>{this->grad_inter_comm(), this->options().segment_bytes}, bucket,
+        op);
   }
 
   algorithm::ring_workspace ring_;

@@ -54,13 +54,33 @@ void two_dimensional_exchange(Intra&& intra, Inter&& inter, tensor_view bucket, 
   intra.allgather(bucket);
 }
 
-//! A `links` policy bound to one MPI communicator.
+//! A `links` policy bound to one MPI communicator, and the segments it cuts messages into when
+//! its functions take them.
 template <links L>
 struct mpi_link {
   MPI_Comm comm;
-  void reduce(tensor_view data, reduce_op op, int root) const { L::reduce(comm, data, op, root); }
-  void broadcast(tensor_view data, int root) const { L::broadcast(comm, data, root); }
-  void allreduce(tensor_view data, reduce_op op) const { L::allreduce(comm, data, op); }
+  std::size_t segment_bytes = 0;
+  void reduce(tensor_view data, reduce_op op, int root) const {
+    if constexpr (requires { L::reduce(comm, data, op, root, segment_bytes); }) {
+      L::reduce(comm, data, op, root, segment_bytes);
+    } else {
+      L::reduce(comm, data, op, root);
+    }
+  }
+  void broadcast(tensor_view data, int root) const {
+    if constexpr (requires { L::broadcast(comm, data, root, segment_bytes); }) {
+      L::broadcast(comm, data, root, segment_bytes);
+    } else {
+      L::broadcast(comm, data, root);
+    }
+  }
+  void allreduce(tensor_view data, reduce_op op) const {
+    if constexpr (requires { L::allreduce(comm, data, op, segment_bytes); }) {
+      L::allreduce(comm, data, op, segment_bytes);
+    } else {
+      L::allreduce(comm, data, op);
+    }
+  }
 };
 
 //! cohort's ring on the node's MPI communicator, with its workspace.

@@ -166,25 +166,33 @@ inline void allreduce(MPI_Comm comm, tensor_view data, reduce_op operation,
       segment_bytes);
 }
 
-//! Non-blocking in-place all-reduce.
-inline request iallreduce(MPI_Comm comm, tensor_view data, reduce_op operation) {
+//! Non-blocking in-place all-reduce, in segments of at most `segment_bytes` (0: whole), all
+//! started at once.
+inline request iallreduce(MPI_Comm comm, tensor_view data, reduce_op operation,
+                          std::size_t segment_bytes = 0) {
   request pending(comm, "MPI_Iallreduce");
   const MPI_Datatype type = datatype(data.type);
   const MPI_Op reduction = op(operation, data.type);
-  detail::for_each_chunk(data.count, size_of(data.type), [&](std::size_t offset, int n) {
-    check(MPI_Iallreduce(MPI_IN_PLACE, detail::bytes(data.data, offset), n, type, reduction, comm,
-                         pending.add()),
-          "MPI_Iallreduce", comm);
-  });
+  detail::for_each_chunk(
+      data.count, size_of(data.type),
+      [&](std::size_t offset, int n) {
+        check(MPI_Iallreduce(MPI_IN_PLACE, detail::bytes(data.data, offset), n, type, reduction,
+                             comm, pending.add()),
+              "MPI_Iallreduce", comm);
+      },
+      segment_bytes);
   return pending;
 }
 
-//! Broadcast of `data` from `root`.
-inline void broadcast(MPI_Comm comm, tensor_view data, int root) {
+//! Broadcast of `data` from `root`, in segments of at most `segment_bytes` (0: whole).
+inline void broadcast(MPI_Comm comm, tensor_view data, int root, std::size_t segment_bytes = 0) {
   const MPI_Datatype type = datatype(data.type);
-  detail::for_each_chunk(data.count, size_of(data.type), [&](std::size_t offset, int n) {
-    check(MPI_Bcast(detail::bytes(data.data, offset), n, type, root, comm), "MPI_Bcast", comm);
-  });
+  detail::for_each_chunk(
+      data.count, size_of(data.type),
+      [&](std::size_t offset, int n) {
+        check(MPI_Bcast(detail::bytes(data.data, offset), n, type, root, comm), "MPI_Bcast", comm);
+      },
+      segment_bytes);
 }
 
 //! Non-blocking broadcast.
@@ -199,16 +207,20 @@ inline request ibroadcast(MPI_Comm comm, tensor_view data, int root) {
 }
 
 //! In-place reduction of every rank's `data` into `root`'s (the others' `data` is left as it was).
-inline void reduce(MPI_Comm comm, tensor_view data, reduce_op operation, int root) {
+inline void reduce(MPI_Comm comm, tensor_view data, reduce_op operation, int root,
+                   std::size_t segment_bytes = 0) {
   const MPI_Datatype type = datatype(data.type);
   const MPI_Op reduction = op(operation, data.type);
   const bool at_root = rank_of(comm) == root;
-  detail::for_each_chunk(data.count, size_of(data.type), [&](std::size_t offset, int n) {
-    void* buffer = detail::bytes(data.data, offset);
-    check(MPI_Reduce(at_root ? MPI_IN_PLACE : buffer, at_root ? buffer : nullptr, n, type,
-                     reduction, root, comm),
-          "MPI_Reduce", comm);
-  });
+  detail::for_each_chunk(
+      data.count, size_of(data.type),
+      [&](std::size_t offset, int n) {
+        void* buffer = detail::bytes(data.data, offset);
+        check(MPI_Reduce(at_root ? MPI_IN_PLACE : buffer, at_root ? buffer : nullptr, n, type,
+                         reduction, root, comm),
+              "MPI_Reduce", comm);
+      },
+      segment_bytes);
 }
 
 //! All-gather: `out` holds `in.count * size` elements, rank r's block at `r * in.count`.

@@ -188,7 +188,9 @@ protected:
             copied_->synchronize();
           }
         },
-        [&](tensor_view host) { Inter::allreduce(comm, host, op); });
+        [&](tensor_view host) {
+          detail::mpi_link<Inter>{comm, this->options().segment_bytes}.allreduce(host, op);
+        });
   }
 
 private:

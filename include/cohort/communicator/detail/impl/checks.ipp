@@ -90,6 +90,14 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
   int ranks_per_node = 0;
   const std::string problem = local_checks([&] {
     ranks_per_node = ranks_per_node_override(options_.simulated_ranks_per_node);
+    if (options_.segment_bytes != 0 &&
+        options_.segment_bytes < communicator_options::min_segment_bytes) {
+      throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank()) +
+                             ": communicator_options::segment_bytes is " +
+                             std::to_string(options_.segment_bytes) + " bytes; it must be 0 " +
+                             "(messages whole) or at least " +
+                             std::to_string(communicator_options::min_segment_bytes));
+    }
     std::string directory = options_.trace_directory;
     if (const char* variable = std::getenv("COHORT_TRACE");
         directory.empty() && variable != nullptr) {
