@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/expect.hpp"
@@ -92,8 +93,6 @@ std::filesystem::path fresh_directory(Communicator& comm, const std::string& nam
   return dir;
 }
 
-// This rank's one trace file in `dir` (cohort-trace-rank<r>.json, or .comm<k>.json for a
-// communicator traced after another in the same process).
 // Removes a test's directory once every rank is done with it.
 template <class Communicator>
 void remove_directory(Communicator& comm, const std::filesystem::path& dir) {
@@ -103,6 +102,8 @@ void remove_directory(Communicator& comm, const std::filesystem::path& dir) {
   }
 }
 
+// This rank's one trace file in `dir` (cohort-trace-rank<r>.json, or .comm<k>.json for a
+// communicator traced after another in the same process).
 std::filesystem::path file_of(const std::filesystem::path& dir, int rank) {
   std::vector<std::filesystem::path> found;
   const std::string prefix = "cohort-trace-rank" + std::to_string(rank) + ".";
@@ -317,4 +318,36 @@ BOOST_AUTO_TEST_CASE(communicators_traced_at_once_write_files_of_their_own) {
   BOOST_TEST((strategies == std::vector<std::string>{"flat", "naive"}));
   BOOST_TEST(communicators[0] != communicators[1]);
   remove_directory(probe, dir);
+}
+
+BOOST_AUTO_TEST_CASE(two_threads_recording_at_once_lose_no_span) {
+  // Both rows at once, past several 1 MiB writes (each done outside the lock while the other
+  // thread goes on recording): every span is in the file once, in each thread's order.
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const std::filesystem::path dir = fresh_directory(comm, "threads");
+  constexpr int spans = 20000; // about 4 MB of events each
+  std::filesystem::path file;
+  {
+    cohort::trace_recorder recorder(dir, comm.rank(), "flat");
+    file = recorder.file();
+    const auto record = [&recorder](cohort::trace_thread thread) {
+      for (int i = 0; i < spans; ++i) {
+        const auto now = cohort::trace_recorder::clock::now();
+        recorder.span("reduce", thread, now, now, 8, i);
+      }
+    };
+    std::thread reducer(record, cohort::trace_thread::reducer);
+    record(cohort::trace_thread::trainer);
+    reducer.join();
+  }
+  const std::vector<event> events = read_trace(file);
+  for (const int tid : {0, 1}) {
+    const std::vector<event> row = named(events, "reduce", tid);
+    BOOST_TEST_REQUIRE(row.size() == static_cast<std::size_t>(spans), "row " << tid);
+    for (int i = 0; i < spans; ++i) {
+      BOOST_TEST_REQUIRE(row[static_cast<std::size_t>(i)].bucket == i,
+                         "row " << tid << " span " << i);
+    }
+  }
+  remove_directory(comm, dir);
 }

@@ -33,6 +33,14 @@ namespace detail {
 
 using watch_clock = std::chrono::steady_clock;
 
+//! What `end_job` runs first, with its message, if set: the trace recorders write what they hold
+//! there (trace/recorder.hpp), so that the trace of a job cohort ends keeps its last second.
+using end_job_hook = void (*)(const std::string& message) noexcept;
+inline std::atomic<end_job_hook>& end_job_hook_slot() noexcept {
+  static std::atomic<end_job_hook> hook{nullptr};
+  return hook;
+}
+
 //! Prints `message` as one line on stderr and ends the whole job with a non-zero code. Used where
 //! the other ranks cannot be released any other way (a rank gone, a rank stalled past the
 //! timeout). Under Open MPI's mpirun the process exits at once: mpirun ends a job one of whose
@@ -41,6 +49,9 @@ using watch_clock = std::chrono::steady_clock;
 //! standard way, after 100 ms per world rank (at most 2 s) so that the lowest rank aborts alone,
 //! and with a fallback: should MPI_Abort not end this process within 10 s, it exits by itself.
 [[noreturn]] inline void end_job(const std::string& message) noexcept {
+  if (const end_job_hook hook = end_job_hook_slot().load()) {
+    hook(message);
+  }
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
   int initialized = 0;

@@ -12,6 +12,7 @@
 // offset).
 
 #include <cohort/config.hpp>
+#include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 
 #include <atomic>
@@ -27,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -45,9 +47,10 @@ inline trace_thread& this_trace_thread() noexcept {
 //! (`rank` the process's rank in MPI_COMM_WORLD), or `...rank<rank>.comm<k>.json` for the k-th
 //! communicator traced in the process after the first (a split, a second one): each has a file of
 //! its own, and rows `tid` 2k (trainer) and 2k + 1 (cohort's thread) under the process. Thread-safe
-//! (the trainer's and cohort's threads record into it at once). What it records reaches the file
-//! at least once a second, so a job killed or ended by cohort's watchdog keeps all but its last
-//! second.
+//! (the trainer's and cohort's threads record into it at once; the disk is written outside the
+//! lock they take). What it records reaches the file at least once a second, so a job killed from
+//! outside keeps all but its last second; a job cohort ends (a timeout, a rank gone, terminate)
+//! keeps everything, and an event "job ended by cohort" with the reason.
 class trace_recorder {
 public:
   using clock = std::chrono::steady_clock;
@@ -76,6 +79,7 @@ public:
                   "this rank cannot write to");
     }
     buffer_.reserve(flush_bytes + 1024);
+    outgoing_.reserve(flush_bytes + 1024);
     buffer_ += "[\n";
     const std::string pid = std::to_string(rank_);
     const std::string of =
@@ -90,7 +94,12 @@ public:
     buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
                std::to_string(tid(trace_thread::reducer)) +
                R"(,"args":{"name":"cohort reduction thread)" + of + R"("}},)" + "\n";
-    write_buffer();
+    recorded_ = buffer_.size();
+    write(buffer_);
+    live_recorders& live = recorders();
+    const std::lock_guard lock(live.mutex);
+    live.list.push_back(this);
+    detail::end_job_hook_slot().store(&write_all_before_end_of_job);
   }
 
   trace_recorder(const trace_recorder&) = delete;
@@ -98,11 +107,16 @@ public:
 
   //! Writes what is left and closes the array.
   ~trace_recorder() {
+    {
+      live_recorders& live = recorders();
+      const std::lock_guard lock(live.mutex);
+      std::erase(live.list, this);
+    }
     const std::lock_guard lock(mutex_);
     buffer_ += R"({"name":"end of trace","ph":"i","s":"p","pid":)" + std::to_string(rank_) +
                R"(,"tid":)" + std::to_string(tid(trace_thread::trainer)) + R"(,"ts":)" +
                microseconds(clock::now()) + "}\n]\n";
-    write_buffer();
+    write(buffer_);
   }
 
   //! Time 0 of the trace: now (every rank calls this as it leaves the same collective).
@@ -129,8 +143,8 @@ public:
     if (!text.whole()) {
       return;
     }
-    const std::lock_guard lock(mutex_);
-    if (written_ + buffer_.size() + text.size() > max_bytes_) {
+    std::unique_lock lock(mutex_);
+    if (recorded_ + text.size() > max_bytes_) {
       if (!full_) {
         full_ = true;
         line note;
@@ -147,10 +161,20 @@ public:
       return;
     }
     buffer_.append(text.view());
-    if (buffer_.size() >= flush_bytes || end - last_write_ >= std::chrono::seconds(1)) {
-      last_write_ = end;
-      write_buffer();
+    recorded_ += text.size();
+    if (writing_ || (buffer_.size() < flush_bytes && end - last_write_ < std::chrono::seconds(1))) {
+      return;
     }
+    // The full buffer is swapped for the empty spare and written outside the lock, so that the
+    // other thread's spans never wait for the disk; until the write is done, the next flush waits
+    // (the buffer grows meanwhile).
+    last_write_ = end;
+    writing_ = true;
+    std::swap(buffer_, outgoing_);
+    lock.unlock();
+    write(outgoing_);
+    lock.lock();
+    writing_ = false;
   }
 
   const std::filesystem::path& file() const noexcept { return path_; }
@@ -168,10 +192,10 @@ private:
   int tid(trace_thread thread) const noexcept { return 2 * serial_ + static_cast<int>(thread); }
 
   // `text` as the inside of a JSON string (a strategy's name is the user's to choose), at most
-  // 64 characters of it.
-  static std::string json_text(std::string_view text) {
+  // `limit` characters of it.
+  static std::string json_text(std::string_view text, std::size_t limit = 64) {
     std::string out;
-    for (const char c : text.substr(0, 64)) {
+    for (const char c : text.substr(0, limit)) {
       if (c == '"' || c == '\\') {
         out += '\\';
         out += c;
@@ -245,11 +269,59 @@ private:
     return std::string(text.view());
   }
 
-  // Under mutex_. A write that fails (a full disk) loses those events, not the run: a trace is a
+  // Writes and empties `text` (buffer_ under mutex_, or outgoing_ by the one thread that swapped
+  // it out). A write that fails (a full disk) loses those events, not the run: a trace is a
   // diagnostic, and what was written before stays readable.
-  void write_buffer() noexcept {
+  void write(std::string& text) noexcept {
+    const std::lock_guard lock(file_mutex_);
+    if (!text.empty() && file_) {
+      std::fwrite(text.data(), 1, text.size(), file_.get());
+      std::fflush(file_.get());
+    }
+    text.clear();
+  }
+
+  // The recorders of this process, for end_job.
+  struct live_recorders {
+    std::timed_mutex mutex;
+    std::vector<trace_recorder*> list;
+  };
+  static live_recorders& recorders() noexcept {
+    static live_recorders live;
+    return live;
+  }
+
+  // cohort is ending the job (detail::end_job): every recorder writes what it holds and an event
+  // with the reason, so that the trace shows how the job ended. From whatever thread ends the
+  // job, while the others may be inside a span: a lock that stays taken is given up after 100 ms
+  // (that recorder's last second is lost), never waited on.
+  static void write_all_before_end_of_job(const std::string& message) noexcept {
+    live_recorders& live = recorders();
+    const std::unique_lock list(live.mutex, std::chrono::milliseconds(100));
+    if (!list.owns_lock()) {
+      return;
+    }
+    for (trace_recorder* recorder : live.list) {
+      recorder->write_before_end_of_job(message);
+    }
+  }
+
+  void write_before_end_of_job(const std::string& message) noexcept {
+    const std::unique_lock lock(mutex_, std::chrono::milliseconds(100));
+    if (!lock.owns_lock() || !file_mutex_.try_lock_for(std::chrono::milliseconds(100))) {
+      return;
+    }
+    const std::lock_guard file(file_mutex_, std::adopt_lock);
+    try {
+      buffer_ += R"({"name":"job ended by cohort","ph":"i","s":"g","pid":)" +
+                 std::to_string(rank_) + R"(,"tid":)" + std::to_string(tid(this_trace_thread())) +
+                 R"(,"ts":)" + microseconds(clock::now()) + R"(,"args":{"message":")" +
+                 json_text(message, message.size()) + "\"}},\n";
+    } catch (...) {
+      // (no memory for the event: the spans are still written)
+    }
     if (!buffer_.empty() && file_) {
-      written_ += std::fwrite(buffer_.data(), 1, buffer_.size(), file_.get());
+      std::fwrite(buffer_.data(), 1, buffer_.size(), file_.get());
       std::fflush(file_.get());
     }
     buffer_.clear();
@@ -263,10 +335,13 @@ private:
   clock::time_point origin_;
   clock::time_point last_write_; // under mutex_
   std::unique_ptr<std::FILE, closer> file_;
-  std::mutex mutex_;
+  std::timed_mutex mutex_;      // buffer_, recorded_, full_, writing_, last_write_
+  std::timed_mutex file_mutex_; // the file
   std::string buffer_;
-  std::uint64_t written_ = 0;
+  std::string outgoing_; // the buffer being written, by the thread that set writing_
+  std::uint64_t recorded_ = 0;
   bool full_ = false;
+  bool writing_ = false;
 };
 
 //! Records the span from its construction to its end into `recorder`, if not null: a branch,
