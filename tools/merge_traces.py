@@ -6,7 +6,8 @@ cohort-trace-rank<r>.comm<k>.json for more communicators traced in a process) in
     tools/merge_traces.py DIR [-o merged.json]
 
 A rank's file cut short by a killed job (no closing bracket, a last line half written) is read
-up to its last whole event. Every rank's time 0 is the end of the agreement that made its
+up to its last whole event. Files are read and the merged one written an event at a time, so
+traces of any size merge in little memory. Every rank's time 0 is the end of the agreement that made its
 communicator, so the ranks of one machine line up as they are; a summary per rank and span name
 (count, total and mean milliseconds) is printed.
 """
@@ -19,22 +20,17 @@ import sys
 
 
 def read_events(path):
-    """The events of one rank's file, whole or cut short."""
-    text = path.read_text()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    events = []
-    for line in text.splitlines():
-        line = line.strip().rstrip(",")
-        if not line.startswith("{"):
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # the line a killed rank was writing
-    return events
+    """The events of one rank's file, whole or cut short, one at a time: cohort writes one event
+    per line, so that a rank's file of any size is never held in memory whole."""
+    with path.open() as lines:
+        for line in lines:
+            line = line.strip().rstrip(",")
+            if not line.startswith("{"):
+                continue  # the opening and closing brackets
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                return  # the line a killed rank was writing
 
 
 def main():
@@ -46,18 +42,23 @@ def main():
                    key=lambda p: (int(re.search(r"rank(\d+)", p.name).group(1)), p.name))
     if not files:
         sys.exit(f"merge_traces: no cohort-trace-rank*.json in {args.directory}")
-    merged = []
     totals = collections.defaultdict(lambda: [0, 0.0])
-    for path in files:
-        for event in read_events(path):
-            merged.append(event)
-            if event.get("ph") == "X":
-                entry = totals[(event["pid"], event["tid"], event["name"])]
-                entry[0] += 1
-                entry[1] += event["dur"] / 1000.0
     output = args.output or args.directory / "cohort-trace.json"
-    output.write_text(json.dumps({"traceEvents": merged, "displayTimeUnit": "ms"}))
-    print(f"{len(merged)} events of {len(files)} ranks -> {output}")
+    count = 0
+    # Written as read, an event at a time: the merged file of many large ranks' traces never
+    # sits in memory.
+    with output.open("w") as out:
+        out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+        for path in files:
+            for event in read_events(path):
+                out.write((",\n" if count else "") + json.dumps(event))
+                count += 1
+                if event.get("ph") == "X":
+                    entry = totals[(event["pid"], event["tid"], event["name"])]
+                    entry[0] += 1
+                    entry[1] += event["dur"] / 1000.0
+        out.write("\n]}\n")
+    print(f"{count} events of {len(files)} ranks -> {output}")
     print(f"{'rank':>4} {'thread':>9} {'span':<28} {'count':>7} {'total ms':>10} {'mean ms':>9}")
     for (pid, tid, name), (count, total) in sorted(totals.items()):
         # tid 2k: the trainer, 2k + 1: cohort's thread, of the k-th communicator traced.
