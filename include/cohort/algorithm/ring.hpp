@@ -5,8 +5,8 @@
 // the ring reduce-scatter, the ring all-gather, and the ring all-reduce made of the two. Each
 // step's block travels in chunks (all posted at once, or a bounded window of them in flight each
 // way), and each chunk is reduced as soon as it arrives, so that the reduction of one chunk
-// overlaps the transfer of the next. They work
-// on type-erased views (any dtype, any rank count, counts not divisible by it, zero elements).
+// overlaps the transfer of the next. They work on type-erased views (any dtype, any rank count,
+// counts not divisible by it, zero elements).
 //
 // The data is split into `size` blocks, block b being elements [b*n/size, (b+1)*n/size): the
 // reduce-scatter leaves rank r with block r reduced over all ranks; the all-gather spreads every
