@@ -5,7 +5,9 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <climits>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "support/expect.hpp"
@@ -186,4 +188,25 @@ BOOST_AUTO_TEST_CASE(tensors_beyond_the_mpi_count_limit_go_in_chunks) {
     }
   }
   limit = saved;
+}
+
+BOOST_AUTO_TEST_CASE(calls_that_cannot_be_chunked_refuse_more_than_int_max_elements) {
+  // Refused before MPI is called (no memory is touched: the views point at one byte), naming
+  // the call, the rank and the count.
+  boost::mpi::communicator comm;
+  std::uint8_t byte = 0;
+  const std::size_t count = static_cast<std::size_t>(INT_MAX) + 1;
+  const cohort::tensor_view huge{&byte, count, cohort::dtype::uint8, cohort::memory_location::host};
+  const std::vector<std::string> expected = {"on rank " + std::to_string(comm.rank()),
+                                             "2147483648 elements per rank", "INT_MAX"};
+  std::vector<std::string> call = expected;
+  call.insert(call.begin(), "MPI_Allgather");
+  BOOST_CHECK_EXCEPTION(cohort::mpi::allgather(comm, huge, huge), cohort::invalid_argument,
+                        message_has(call));
+  call.front() = "MPI_Iallgather";
+  BOOST_CHECK_EXCEPTION(cohort::mpi::iallgather(comm, huge, huge), cohort::invalid_argument,
+                        message_has(call));
+  call.front() = "MPI_Reduce_scatter_block";
+  BOOST_CHECK_EXCEPTION(cohort::mpi::reduce_scatter(comm, huge, huge, cohort::reduce_op::sum),
+                        cohort::invalid_argument, message_has(call));
 }

@@ -223,13 +223,23 @@ inline void reduce(MPI_Comm comm, tensor_view data, reduce_op operation, int roo
       segment_bytes);
 }
 
+namespace detail {
+// One MPI call's count is an int: more is an error naming the call, the rank and the count.
+inline int single_call_count(MPI_Comm comm, std::size_t count, const char* call) {
+  if (count > static_cast<std::size_t>(INT_MAX)) {
+    throw invalid_argument("cohort: " + std::string(call) + " on rank " +
+                           std::to_string(rank_of(comm)) + ": " + std::to_string(count) +
+                           " elements per rank, more than one MPI call takes (INT_MAX, " +
+                           std::to_string(INT_MAX) + ")");
+  }
+  return static_cast<int>(count);
+}
+} // namespace detail
+
 //! All-gather: `out` holds `in.count * size` elements, rank r's block at `r * in.count`.
 inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
   const MPI_Datatype type = datatype(in.type);
-  if (in.count > static_cast<std::size_t>(INT_MAX)) {
-    throw invalid_argument("cohort: MPI_Allgather of more than INT_MAX elements per rank");
-  }
-  const int n = static_cast<int>(in.count);
+  const int n = detail::single_call_count(comm, in.count, "MPI_Allgather");
   check(MPI_Allgather(in.data, n, type, out.data, n, type, comm), "MPI_Allgather", comm);
 }
 
@@ -237,10 +247,7 @@ inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
 inline request iallgather(MPI_Comm comm, const_tensor_view in, tensor_view out) {
   request pending(comm, "MPI_Iallgather");
   const MPI_Datatype type = datatype(in.type);
-  if (in.count > static_cast<std::size_t>(INT_MAX)) {
-    throw invalid_argument("cohort: MPI_Iallgather of more than INT_MAX elements per rank");
-  }
-  const int n = static_cast<int>(in.count);
+  const int n = detail::single_call_count(comm, in.count, "MPI_Iallgather");
   check(MPI_Iallgather(in.data, n, type, out.data, n, type, comm, pending.add()), "MPI_Iallgather",
         comm);
   return pending;
@@ -249,11 +256,9 @@ inline request iallgather(MPI_Comm comm, const_tensor_view in, tensor_view out) 
 //! Reduce-scatter: `in` holds `out.count * size` elements; rank r gets the reduction of block r.
 inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
                            reduce_op operation) {
-  if (out.count > static_cast<std::size_t>(INT_MAX)) {
-    throw invalid_argument("cohort: MPI_Reduce_scatter_block of more than INT_MAX elements");
-  }
-  check(MPI_Reduce_scatter_block(in.data, out.data, static_cast<int>(out.count), datatype(in.type),
-                                 op(operation, in.type), comm),
+  const int n = detail::single_call_count(comm, out.count, "MPI_Reduce_scatter_block");
+  check(MPI_Reduce_scatter_block(in.data, out.data, n, datatype(in.type), op(operation, in.type),
+                                 comm),
         "MPI_Reduce_scatter_block", comm);
 }
 
