@@ -88,6 +88,17 @@ def per_size_figure(runs, field, ylabel, title, path, reference=None):
     plt.close(fig)
 
 
+def bar_axis(ax, ticks, labels, fontsize, xlabel, title):
+    """Labels a horizontal bar chart read from the top, with its legend and grid."""
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=fontsize)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+
+
 def step_figure(grad_sync_runs, overlap_runs, path):
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
 
@@ -98,13 +109,9 @@ def step_figure(grad_sync_runs, overlap_runs, path):
         times = {r["method"]: r["time_ms"] for r in rows}
         left.barh([i + k * width for i in range(len(methods))],
                   [times.get(m, 0) for m in methods], height=width, label=f"{n} ranks")
-    left.set_yticks([i + width * (len(grad_sync_runs) - 1) / 2 for i in range(len(methods))])
-    left.set_yticklabels(methods, fontsize=8)
-    left.invert_yaxis()
-    left.set_xlabel("time of one synchronisation (ms)")
-    left.set_title("ResNet-50's 161 gradients (102 MB), by grouping")
-    left.legend(fontsize=8)
-    left.grid(True, axis="x", alpha=0.3)
+    bar_axis(left, [i + width * (len(grad_sync_runs) - 1) / 2 for i in range(len(methods))],
+             methods, 8, "time of one synchronisation (ms)",
+             "ResNet-50's 161 gradients (102 MB), by grouping")
 
     # Right: a step = compute + the reduction left exposed (step time - compute alone).
     shown = ["sequential", "overlap", "double buffering"]
@@ -120,13 +127,8 @@ def step_figure(grad_sync_runs, overlap_runs, path):
     y = range(len(labels))
     right.barh(y, compute, color="tab:gray", label="compute (backward simulated)")
     right.barh(y, exposed, left=compute, color="tab:red", label="reduction exposed")
-    right.set_yticks(list(y))
-    right.set_yticklabels(labels, fontsize=7)
-    right.invert_yaxis()
-    right.set_xlabel("time of one step (ms)")
-    right.set_title("a step's time: compute and exposed reduction (flat)")
-    right.legend(fontsize=8)
-    right.grid(True, axis="x", alpha=0.3)
+    bar_axis(right, list(y), labels, 7, "time of one step (ms)",
+             "a step's time: compute and exposed reduction (flat)")
 
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -11,6 +11,16 @@ def _rows(path):
             yield line
 
 
+def _matches(path, pattern, kind):
+    """The match of `pattern` on every row of the table; a row it does not match is an error
+    naming the file."""
+    for line in _rows(path):
+        match = pattern.match(line)
+        if not match:
+            raise ValueError(f"{path}: not a bench/{kind} row: {line!r}")
+        yield match
+
+
 def header_value(path, pattern):
     """The first match of `pattern` (one group) in the table's comment lines."""
     for line in Path(path).read_text().splitlines():
@@ -53,18 +63,12 @@ def grad_sync(path):
     # The method column is as wide as the header's "method" up to "grouping" (a method's name
     # can fill it, so spaces alone do not separate the two).
     split = header_value(path, r"^(# method\s+)grouping")
-    rows = []
-    for line in _rows(path):
-        match = _GRAD_SYNC.match(line)
-        if not match:
-            raise ValueError(f"{path}: not a bench/grad_sync row: {line!r}")
-        rows.append({
-            "method": match.group(1)[:len(split)].strip(),
-            "grouping": match.group(1)[len(split):].strip(),
-            "collectives": int(match.group(2)),
-            "time_ms": float(match.group(3)),
-        })
-    return rows
+    return [{
+        "method": match.group(1)[:len(split)].strip(),
+        "grouping": match.group(1)[len(split):].strip(),
+        "collectives": int(match.group(2)),
+        "time_ms": float(match.group(3)),
+    } for match in _matches(path, _GRAD_SYNC, "grad_sync")]
 
 
 _OVERLAP = re.compile(r"^\s*(\d+)ms\s+(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
@@ -72,14 +76,8 @@ _OVERLAP = re.compile(r"^\s*(\d+)ms\s+(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
 
 def overlap(path):
     """bench/overlap: one dict per row (compute_ms, method, time_ms)."""
-    rows = []
-    for line in _rows(path):
-        match = _OVERLAP.match(line)
-        if not match:
-            raise ValueError(f"{path}: not a bench/overlap row: {line!r}")
-        rows.append({
-            "compute_ms": int(match.group(1)),
-            "method": match.group(2),
-            "time_ms": float(match.group(3)),
-        })
-    return rows
+    return [{
+        "compute_ms": int(match.group(1)),
+        "method": match.group(2),
+        "time_ms": float(match.group(3)),
+    } for match in _matches(path, _OVERLAP, "overlap")]
