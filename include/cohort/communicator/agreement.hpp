@@ -115,7 +115,7 @@ bool require_agreement_carrying_of(liveness& live, waiter who, const char* opera
                                    std::uint64_t sequence, tensor_view data, reduce_op op,
                                    std::pair<std::uint64_t, Describe>... checks) {
   if (live.size() == 1) {
-    return true; // its own data is the reduction
+    return data.count > 0; // its own data is the reduction (and nothing carried is none)
   }
   constexpr std::size_t n = sizeof...(Describe);
   std::array<std::uint64_t, 2 * n> bounds{};
@@ -129,7 +129,7 @@ bool require_agreement_carrying_of(liveness& live, waiter who, const char* opera
     ++differing;
   }
   if (differing == n) {
-    if (reduced != nullptr && data.count > 0) {
+    if (reduced != nullptr) { // (only when every rank carried its bytes: never an empty view)
       std::memcpy(data.data, reduced, data.size_bytes());
     }
     return reduced != nullptr;

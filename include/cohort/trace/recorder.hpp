@@ -387,6 +387,13 @@ public:
   trace_span(const trace_span&) = delete;
   trace_span& operator=(const trace_span&) = delete;
 
+  //! What the span turned out to be, known only at its end (an agreement that also reduced).
+  void relabel(const char* name, std::uint64_t bytes, std::int64_t bucket) noexcept {
+    name_ = name;
+    bytes_ = bytes;
+    bucket_ = bucket;
+  }
+
 private:
   trace_recorder* recorder_;
   const char* name_;

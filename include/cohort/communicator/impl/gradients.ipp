@@ -121,8 +121,7 @@ COHORT_DECL bool validate_gradients(liveness& live, waiter who, const char* oper
         reduction_fingerprint(slots, mode, plan_of), describe_plan);
     // (Nothing carried: the rendezvous only agrees, and says nothing was reduced.)
     reduced =
-        require_agreement_carrying_of(live, who, operation, sequence, carried, op, layout, plan) &&
-        carried.count > 0;
+        require_agreement_carrying_of(live, who, operation, sequence, carried, op, layout, plan);
   }
   if (!problem.empty()) {
     throw invalid_argument(problem);

@@ -46,7 +46,8 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
   f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<int>(op))));
   f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
   const std::uint64_t sequence = live_->next_sequence(waiter::caller, bytes);
-  const auto agreeing = trace_ ? trace_recorder::clock::now() : trace_recorder::clock::time_point{};
+  trace_span span(trace_.get(), "agreement", trace_ ? this_trace_thread() : trace_thread::trainer,
+                  0, -1, operation);
   bool reduced = false;
   {
     // A rank whose arguments failed its own checks carries nothing (its view may be anything).
@@ -63,9 +64,8 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
         },
         carried, op);
   }
-  if (trace_) {
-    trace_->span(reduced ? "agreement and reduce" : "agreement", this_trace_thread(), agreeing,
-                 trace_recorder::clock::now(), reduced ? bytes : 0, -1, operation);
+  if (reduced) {
+    span.relabel("agreement and reduce", bytes, -1);
   }
   if (!problem.empty()) {
     throw invalid_argument(problem);

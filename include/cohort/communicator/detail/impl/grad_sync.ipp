@@ -341,16 +341,13 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
     }
   }
   const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
-  trace_recorder* const trace = c.options().check_agreement ? c.trace() : nullptr;
-  const auto agreeing =
-      trace != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  trace_span span(c.options().check_agreement ? c.trace() : nullptr, "agreement",
+                  trace_thread::trainer, 0, -1, "allreduce_grad");
   const bool reduced = validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence,
                                           slots_, c.options().check_agreement, missing, problem,
                                           mode, table, carried, carried_op);
-  if (trace != nullptr) { // (not when it threw: the error says more than a span would)
-    trace->span(reduced ? "agreement and reduce" : "agreement", trace_thread::trainer, agreeing,
-                std::chrono::steady_clock::now(), reduced ? carried.size_bytes() : 0,
-                reduced ? 0 : -1, "allreduce_grad");
+  if (reduced) {
+    span.relabel("agreement and reduce", carried.size_bytes(), 0);
   }
   return reduced;
 }
