@@ -24,9 +24,11 @@
 #include <cohort/checkpoint/bytes.hpp>
 #include <cohort/checkpoint/checksum.hpp>
 #include <cohort/checkpoint/files.hpp>
+#include <cohort/checkpoint/layout.hpp>
 #include <cohort/checkpoint/manifest.hpp>
 #include <cohort/checkpoint/state.hpp>
 #include <cohort/checkpoint/state_io.hpp>
+#include <cohort/checkpoint/verify.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 
@@ -35,7 +37,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cinttypes>
 #include <cstddef>
 #include <cstdint>
@@ -100,7 +101,8 @@ public:
                                                                       const State&... state) {
     finish();
     const std::filesystem::path where = directory_ / step_name(step);
-    if (comm_.bcast_obj(comm_.rank() == 0 && exists(where / checkpoint::manifest_name))) {
+    if (comm_.bcast_obj(comm_.rank() == 0 &&
+                        checkpoint::is_file(where / checkpoint::manifest_name))) {
       return;
     }
     auto job = std::make_unique<pending>();
@@ -212,12 +214,13 @@ public:
       }
     }
     for (const std::uint64_t step : steps) {
-      std::optional<verified> files;
+      std::optional<checkpoint::verified_step> files;
       // "damage: ..." (the checkpoint's fault: skipped) or "fault: ..." (the machine's: an
       // error on every rank, the checkpoints left as they are, for a job that can read them).
       std::string problem;
       try {
-        files = verify(step);
+        files = checkpoint::verify_step(directory_, step, comm_.rank(), comm_.size(),
+                                        options_.max_file_bytes, read_buffer_);
       } catch (const checkpoint_io_error& e) {
         problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + reason(e);
       } catch (const checkpoint_error& e) {
@@ -286,30 +289,21 @@ public:
   const std::vector<std::string>& skipped() const noexcept { return skipped_; }
 
   //! The steps of the complete checkpoints (with a manifest), newest first. Not collective.
-  std::vector<std::uint64_t> complete_steps() const { return steps_where(true); }
+  std::vector<std::uint64_t> complete_steps() const {
+    return checkpoint::steps_where(directory_, true);
+  }
 
   //! The steps of the checkpoint directories without a manifest, newest first. Not collective.
-  std::vector<std::uint64_t> unfinished_steps() const { return steps_where(false); }
+  std::vector<std::uint64_t> unfinished_steps() const {
+    return checkpoint::steps_where(directory_, false);
+  }
 
   const std::filesystem::path& directory() const noexcept { return directory_; }
 
   //! The directory of the checkpoint of `step` under `directory`.
-  static std::string step_name(std::uint64_t step) {
-    char name[32];
-    std::snprintf(name, sizeof name, "step-%020" PRIu64, step);
-    return name;
-  }
+  static std::string step_name(std::uint64_t step) { return checkpoint::step_name(step); }
 
 private:
-  // The bytes of a verified checkpoint this rank reads.
-  struct verified {
-    int saved_ranks = 0;
-    std::optional<checkpoint::mapped_files> mapping; // the parts, when they map as one span
-    std::span<const std::byte> replicated;           // in mapping, or else in read_buffer_
-    std::vector<std::byte> root;
-    std::optional<std::vector<std::byte>> own;
-  };
-
   // One save: the state's bytes, this rank's files once written (or what failed), and the
   // thread that writes them when asynchronous.
   struct pending {
@@ -340,12 +334,13 @@ private:
       const std::size_t page = checkpoint::page_size();
       const std::size_t begin = checkpoint::part_boundary(total, r, n, page);
       const std::size_t end = checkpoint::part_boundary(total, r + 1, n, page);
-      const checkpoint::file_record part =
-          write(where, part_name("replicated", r, n), checkpoint::slice(replicated, begin, end));
-      const checkpoint::file_record mine = write(where, part_name("rank", r, n), job.pieces[2]);
+      const checkpoint::file_record part = write(where, checkpoint::part_name("replicated", r, n),
+                                                 checkpoint::slice(replicated, begin, end));
+      const checkpoint::file_record mine =
+          write(where, checkpoint::part_name("rank", r, n), job.pieces[2]);
       checkpoint::file_record root;
       if (r == 0) {
-        root = write(where, root_name(n), job.pieces[1]);
+        root = write(where, checkpoint::root_name(n), job.pieces[1]);
       }
       // The whole replicated state's checksum, which the ranks compare: a replica that differs
       // is caught here, at every save.
@@ -409,14 +404,16 @@ private:
         m.replicated_checksum = numbers[0][5];
         for (int i = 0; i < n; ++i) {
           const auto& v = numbers[static_cast<std::size_t>(i)];
-          m.replicated.push_back({part_name("replicated", i, n), v[0], v[1]});
-          m.per_rank.push_back({part_name("rank", i, n), v[2], v[3]});
+          m.replicated.push_back({checkpoint::part_name("replicated", i, n), v[0], v[1]});
+          m.per_rank.push_back({checkpoint::part_name("rank", i, n), v[2], v[3]});
         }
-        m.root.push_back({root_name(n), numbers[0][6], numbers[0][7]});
+        m.root.push_back({checkpoint::root_name(n), numbers[0][6], numbers[0][7]});
         const std::string text = m.text();
         write(where, std::string(checkpoint::manifest_name),
               {std::as_bytes(std::span(text.data(), text.size()))});
-        prune(job.step); // before any rank returns: when save returns, the old ones are gone
+        checkpoint::prune(
+            directory_, options_.keep,
+            job.step); // before any rank returns: when save returns, the old ones are gone
       } catch (const std::exception& e) {
         written = "rank 0: " + reason(e);
       }
@@ -432,15 +429,8 @@ private:
   void set_aside_newer_than(std::optional<std::uint64_t> step) {
     if (comm_.rank() == 0) {
       // Never throws (the other ranks wait for rank 0 below): listed first, then renamed.
-      std::vector<std::string> later;
+      const std::vector<std::string> later = checkpoint::names_later_than(directory_, step);
       std::error_code code;
-      for (std::filesystem::directory_iterator entry(directory_, code), end; !code && entry != end;
-           entry.increment(code)) {
-        const std::string name = entry->path().filename().string();
-        if (const std::optional<std::uint64_t> s = step_of(name); s && (!step || *s > *step)) {
-          later.push_back(name);
-        }
-      }
       for (const std::string& name : later) {
         std::filesystem::path aside = directory_ / ("set-aside-" + name);
         for (int i = 1; std::filesystem::exists(aside, code); ++i) {
@@ -454,21 +444,6 @@ private:
     }
     // Every rank's skipped() the same; and when resume returns, they are set aside.
     skipped_ = comm_.bcast_obj(skipped_);
-  }
-
-  std::vector<std::uint64_t> steps_where(bool complete) const {
-    // Never throws: rank 0 lists the steps for every rank, which wait for it in a broadcast.
-    std::vector<std::uint64_t> steps;
-    std::error_code code;
-    for (std::filesystem::directory_iterator entry(directory_, code), end; !code && entry != end;
-         entry.increment(code)) {
-      const std::optional<std::uint64_t> step = step_of(entry->path().filename().string());
-      if (step && exists(entry->path() / checkpoint::manifest_name) == complete) {
-        steps.push_back(*step);
-      }
-    }
-    std::sort(steps.rbegin(), steps.rend());
-    return steps;
   }
 
   static constexpr std::string_view prefix = "cohort checkpoint: ";
@@ -490,29 +465,6 @@ private:
     skipped_.push_back(std::move(message));
   }
 
-  static std::string root_name(int ranks) { return "root-of-" + std::to_string(ranks); }
-
-  static std::string part_name(std::string_view role, int index, int ranks) {
-    return std::string(role) + "-" + std::to_string(index) + "-of-" + std::to_string(ranks);
-  }
-
-  static std::optional<std::uint64_t> step_of(const std::string& name) {
-    std::uint64_t step = 0;
-    if (name.size() != 25 || name.compare(0, 5, "step-") != 0) {
-      return std::nullopt;
-    }
-    const auto [end, error] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
-    if (error != std::errc{} || end != name.data() + name.size()) {
-      return std::nullopt; // not digits, or past 2^64 - 1: not a step's directory
-    }
-    return step;
-  }
-
-  static bool exists(const std::filesystem::path& path) {
-    std::error_code code;
-    return std::filesystem::is_regular_file(path, code);
-  }
-
   checkpoint::file_record write(const std::filesystem::path& where, const std::string& name,
                                 const checkpoint::byte_pieces& pieces) const {
     return checkpoint::write_atomically(where, name, pieces, options_.write);
@@ -529,173 +481,6 @@ private:
     if (!failures.empty()) {
       throw checkpoint_error("cohort checkpoint: " + doing + " in " + directory_.string() +
                              " failed on " + failures);
-    }
-  }
-
-  // Reads and checks the files of `step` that this rank needs.
-  verified verify(std::uint64_t step) {
-    const std::filesystem::path where = directory_ / step_name(step);
-    const std::filesystem::path manifest_path = where / checkpoint::manifest_name;
-    const std::vector<std::byte> text =
-        checkpoint::read_whole(manifest_path, checkpoint::manifest::max_bytes);
-    const checkpoint::manifest m = checkpoint::manifest::parse(
-        {reinterpret_cast<const char*>(text.data()), text.size()}, manifest_path.string());
-    if (m.step != step) {
-      throw checkpoint_error("cohort checkpoint: " + manifest_path.string() + " is of step " +
-                             std::to_string(m.step) + " (moved from another checkpoint?)");
-    }
-    verified v;
-    v.saved_ranks = m.ranks;
-    // Each part is checked against its own checksum as it is read, each rank starting with a
-    // different part, so that the ranks of a node start the disk on different files at once and
-    // then find the others' in the page cache. Parts that begin at pages (as cohort writes them)
-    // are then mapped from the page cache as one span: no buffer, no copy; others are read into
-    // a buffer.
-    std::uint64_t total = 0;
-    std::vector<std::uint64_t> sizes;
-    std::vector<std::filesystem::path> paths;
-    for (const checkpoint::file_record& part : m.replicated) {
-      require_size(where, part);
-      sizes.push_back(part.size);
-      paths.push_back(where / part.name);
-      total += part.size;
-    }
-    if (total != m.replicated_size || total > options_.max_file_bytes) {
-      throw checkpoint_error("cohort checkpoint: the replicated parts of " + where.string() +
-                             " hold " + std::to_string(total) + " bytes, the manifest says " +
-                             std::to_string(m.replicated_size) + " (at most max_file_bytes, " +
-                             std::to_string(options_.max_file_bytes) + ")");
-    }
-    const bool mapped = checkpoint::mapped_files::fits(sizes);
-    const std::span<std::byte> joined =
-        mapped ? std::span<std::byte>{} : read_buffer_.take(static_cast<std::size_t>(total));
-    const std::span<std::byte> window =
-        mapped ? read_buffer_.take(std::size_t{1} << 20) : std::span<std::byte>{};
-    const std::size_t parts = m.replicated.size();
-    std::vector<std::size_t> offsets(parts, 0);
-    for (std::size_t k = 1; k < parts; ++k) {
-      offsets[k] = offsets[k - 1] + static_cast<std::size_t>(sizes[k - 1]);
-    }
-    for (std::size_t i = 0; i < parts; ++i) {
-      const std::size_t k = (i + static_cast<std::size_t>(comm_.rank())) % parts;
-      std::uint64_t sum = 0;
-      if (mapped) {
-        sum = checkpoint::checksum_of_file(paths[k], sizes[k], window);
-      } else {
-        checkpoint::checksum s;
-        checkpoint::read_into(paths[k],
-                              joined.subspan(offsets[k], static_cast<std::size_t>(sizes[k])), s);
-        sum = s.value();
-      }
-      require_sum(paths[k], sum, m.replicated[k].checksum);
-    }
-    if (mapped) {
-      v.mapping.emplace(paths, sizes);
-      v.replicated = v.mapping->bytes();
-    } else {
-      v.replicated = joined;
-    }
-    v.root = read_checked(where, m.root.front());
-    if (m.ranks == comm_.size()) {
-      v.own = read_checked(where, m.per_rank[static_cast<std::size_t>(comm_.rank())]);
-    }
-    return v;
-  }
-
-  // Throws unless the file `record` names has the size the manifest gives it (and that size is
-  // one a checkpoint may have).
-  void require_size(const std::filesystem::path& where,
-                    const checkpoint::file_record& record) const {
-    const std::filesystem::path path = where / record.name;
-    if (record.size > options_.max_file_bytes) {
-      throw checkpoint_error("cohort checkpoint: the manifest gives " + path.string() + " " +
-                             std::to_string(record.size) + " bytes, more than max_file_bytes (" +
-                             std::to_string(options_.max_file_bytes) + ")");
-    }
-    std::error_code code;
-    const std::uintmax_t size = std::filesystem::file_size(path, code);
-    if (code == std::errc::no_such_file_or_directory) {
-      throw checkpoint_error("cohort checkpoint: " + path.string() + " is missing (" +
-                             code.message() + ")");
-    }
-    if (code) {
-      throw checkpoint_io_error("cohort checkpoint: the size of " + path.string() +
-                                " cannot be read (" + code.message() + ")");
-    }
-    if (size != record.size) {
-      throw checkpoint_error("cohort checkpoint: " + path.string() + " holds " +
-                             std::to_string(size) + " bytes, the manifest says " +
-                             std::to_string(record.size) + " (truncated or replaced)");
-    }
-  }
-
-  static void check_sum(const std::filesystem::path& path, std::span<const std::byte> bytes,
-                        std::uint64_t expected) {
-    require_sum(path, checkpoint::checksum::of(bytes), expected);
-  }
-
-  static void require_sum(const std::filesystem::path& path, std::uint64_t sum,
-                          std::uint64_t expected) {
-    if (sum != expected) {
-      throw checkpoint_error("cohort checkpoint: " + path.string() + " has checksum " +
-                             checkpoint::to_hex(sum) + ", the manifest says " +
-                             checkpoint::to_hex(expected) + " (damaged or replaced)");
-    }
-  }
-
-  // The file `record` names, if its size and checksum are the manifest's.
-  std::vector<std::byte> read_checked(const std::filesystem::path& where,
-                                      const checkpoint::file_record& record) const {
-    require_size(where, record);
-    std::vector<std::byte> bytes = checkpoint::read_whole(where / record.name, record.size);
-    check_sum(where / record.name, bytes, record.checksum);
-    return bytes;
-  }
-
-  // Keeps the newest `keep` complete checkpoints; removes older ones, and directories without a
-  // manifest older than the newest complete one (saves that failed). A manifest goes first, so
-  // that a removal cut short leaves no checkpoint that looks complete. Rank 0, after a save.
-  void prune(std::uint64_t saved) const {
-    std::vector<std::uint64_t> complete = complete_steps();
-    if (complete.empty()) {
-      return;
-    }
-    // The checkpoint just written is kept whatever its step: a directory may hold later ones (a
-    // run that saved without resuming first), and keep N must not remove the run's own save.
-    const auto own = std::find(complete.begin(), complete.end(), saved);
-    if (own != complete.end()) {
-      std::rotate(complete.begin(), own, own + 1);
-    }
-    std::vector<std::filesystem::path> doomed;
-    std::error_code code;
-    for (const auto& entry : std::filesystem::directory_iterator(directory_, code)) {
-      const std::optional<std::uint64_t> step = step_of(entry.path().filename().string());
-      if (!step) {
-        continue;
-      }
-      const auto rank_of = std::find(complete.begin(), complete.end(), *step);
-      const bool is_complete = rank_of != complete.end();
-      if ((is_complete && static_cast<std::size_t>(rank_of - complete.begin()) >= options_.keep) ||
-          (!is_complete && *step < complete.front())) {
-        doomed.push_back(entry.path());
-      }
-    }
-    for (const std::filesystem::path& path : doomed) {
-      std::filesystem::remove(path / checkpoint::manifest_name, code);
-      if (!code) {
-        std::filesystem::remove_all(path, code);
-      }
-      if (code) {
-        std::fprintf(stderr, "cohort checkpoint: could not remove %s: %s\n", path.c_str(),
-                     code.message().c_str());
-      }
-    }
-    if (!doomed.empty()) {
-      try {
-        checkpoint::sync_directory(directory_);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s\n", e.what());
-      }
     }
   }
 

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Where a checkpoint's files are: the directory `step-<20 digits>` of each step under the
+// checkpointer's directory, and in it one part of the replicated state per rank, one file per
+// rank for its own state, rank 0's file, and the manifest. Listing and pruning never throw for a
+// name that is not a step's: a directory may hold anything else a person put there.
+
+#include <cohort/checkpoint/files.hpp>
+#include <cohort/checkpoint/manifest.hpp>
+#include <cohort/config.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace checkpoint {
+
+//! The directory of the checkpoint of `step`: zero-padded, so that names sort as steps do.
+inline std::string step_name(std::uint64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%020" PRIu64, step);
+  return name;
+}
+
+//! The step whose directory `name` is, or nothing for any other name.
+inline std::optional<std::uint64_t> step_of(const std::string& name) {
+  std::uint64_t step = 0;
+  if (name.size() != 25 || name.compare(0, 5, "step-") != 0) {
+    return std::nullopt;
+  }
+  const auto [end, error] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
+  if (error != std::errc{} || end != name.data() + name.size()) {
+    return std::nullopt; // not digits, or past 2^64 - 1: not a step's directory
+  }
+  return step;
+}
+
+//! Rank 0's file of a checkpoint saved by `ranks` ranks.
+inline std::string root_name(int ranks) {
+  return "root-of-" + std::to_string(ranks);
+}
+
+//! Part `index` of `ranks` of `role` ("replicated": the shared state; "rank": a rank's own).
+inline std::string part_name(std::string_view role, int index, int ranks) {
+  return std::string(role) + "-" + std::to_string(index) + "-of-" + std::to_string(ranks);
+}
+
+//! Whether `path` is a regular file (false when it cannot be told).
+inline bool is_file(const std::filesystem::path& path) {
+  std::error_code code;
+  return std::filesystem::is_regular_file(path, code);
+}
+
+//! The steps under `directory` whose checkpoint is complete (it has a manifest), or, with
+//! `complete` false, the ones that are not; newest first. No error of the file system throws:
+//! rank 0 lists the steps for every rank, which wait for it in a broadcast.
+inline std::vector<std::uint64_t> steps_where(const std::filesystem::path& directory,
+                                              bool complete) {
+  std::vector<std::uint64_t> steps;
+  std::error_code code;
+  for (std::filesystem::directory_iterator entry(directory, code), end; !code && entry != end;
+       entry.increment(code)) {
+    const std::optional<std::uint64_t> step = step_of(entry->path().filename().string());
+    if (step && is_file(entry->path() / manifest_name) == complete) {
+      steps.push_back(*step);
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+//! The names of the step directories under `directory` later than `step` (all of them, without
+//! one). No error of the file system throws, as in steps_where.
+inline std::vector<std::string> names_later_than(const std::filesystem::path& directory,
+                                                 std::optional<std::uint64_t> step) {
+  std::vector<std::string> later;
+  std::error_code code;
+  for (std::filesystem::directory_iterator entry(directory, code), end; !code && entry != end;
+       entry.increment(code)) {
+    const std::string name = entry->path().filename().string();
+    if (const std::optional<std::uint64_t> s = step_of(name); s && (!step || *s > *step)) {
+      later.push_back(name);
+    }
+  }
+  return later;
+}
+
+//! Keeps the newest `keep` complete checkpoints under `directory`, and always the one of step
+//! `saved` (just written: a directory may hold later ones, from a run that saved without resuming
+//! first, and keep N must not remove the run's own save); removes older ones, and directories
+//! without a manifest older than the newest complete one (saves that failed). A manifest goes
+//! first, so that a removal cut short leaves no checkpoint that looks complete. What cannot be
+//! removed is reported on stderr, not thrown: the checkpoint just saved is complete.
+inline void prune(const std::filesystem::path& directory, std::size_t keep, std::uint64_t saved) {
+  std::vector<std::uint64_t> complete = steps_where(directory, true);
+  if (complete.empty()) {
+    return;
+  }
+  const auto own = std::find(complete.begin(), complete.end(), saved);
+  if (own != complete.end()) {
+    std::rotate(complete.begin(), own, own + 1);
+  }
+  std::vector<std::filesystem::path> doomed;
+  std::error_code code;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, code)) {
+    const std::optional<std::uint64_t> step = step_of(entry.path().filename().string());
+    if (!step) {
+      continue;
+    }
+    const auto rank_of = std::find(complete.begin(), complete.end(), *step);
+    const bool is_complete = rank_of != complete.end();
+    if ((is_complete && static_cast<std::size_t>(rank_of - complete.begin()) >= keep) ||
+        (!is_complete && *step < complete.front())) {
+      doomed.push_back(entry.path());
+    }
+  }
+  for (const std::filesystem::path& path : doomed) {
+    std::filesystem::remove(path / manifest_name, code);
+    if (!code) {
+      std::filesystem::remove_all(path, code);
+    }
+    if (code) {
+      std::fprintf(stderr, "cohort checkpoint: could not remove %s: %s\n", path.c_str(),
+                   code.message().c_str());
+    }
+  }
+  if (!doomed.empty()) {
+    try {
+      sync_directory(directory);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+}
+
+} // namespace checkpoint
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
