@@ -7,6 +7,7 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -424,6 +425,54 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, str
   std::vector<float> ok(2, 1.0f);
   comm.allreduce(ok);
   BOOST_TEST(ok[1] == static_cast<float>(comm.size()));
+}
+
+// A carried rendezvous goes as a train of messages of at most liveness::eager_bytes. Trains
+// that end on either side of a message's end are reduced right; ranks whose trains differ in
+// length (one carries two messages' worth, another one) all fall back, and the channel is left
+// clean: the next rendezvous reduces.
+BOOST_AUTO_TEST_CASE(trains_of_any_length_arrive_whole) {
+  using cohort::detail::liveness;
+  const boost::mpi::communicator world;
+  liveness live(world, std::chrono::minutes(1));
+  std::uint64_t sequence = 0;
+  const auto carry = [&](std::size_t bytes) {
+    std::vector<std::uint8_t> x(bytes, static_cast<std::uint8_t>(world.rank() + 1));
+    const cohort::const_tensor_view data{x.data(), x.size(), dtype::uint8,
+                                         cohort::memory_location::host};
+    std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
+    const std::byte* reduced = live.allreduce_max_carrying(
+        cohort::detail::waiter::caller, values, "train", ++sequence, data, reduce_op::sum);
+    return reduced == nullptr
+               ? std::vector<std::uint8_t>{}
+               : std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(reduced),
+                                           reinterpret_cast<const std::uint8_t*>(reduced) + bytes);
+  };
+  const std::size_t first = liveness::eager_bytes - liveness::prefix_bytes;
+  const std::vector<std::size_t> lengths = {1,
+                                            first - 1,
+                                            first,
+                                            first + 1,
+                                            first + liveness::eager_bytes,
+                                            first + liveness::eager_bytes + 1,
+                                            liveness::max_carried_bytes};
+  const auto sum = static_cast<std::uint8_t>(world.size() * (world.size() + 1) / 2);
+  for (const std::size_t bytes : lengths) {
+    const std::vector<std::uint8_t> reduced = carry(bytes);
+    BOOST_TEST_REQUIRE(reduced.size() == bytes, bytes << " bytes carried");
+    BOOST_TEST(std::count(reduced.begin(), reduced.end(), sum) == static_cast<long>(bytes));
+  }
+  if (world.size() > 1) {
+    // Rank r carries lengths[(k + r) % n]: trains of other lengths meet at every k.
+    for (std::size_t k = 0; k < lengths.size(); ++k) {
+      const std::size_t bytes =
+          lengths[(k + static_cast<std::size_t>(world.rank())) % lengths.size()];
+      BOOST_TEST(carry(bytes).empty(), "trains of other lengths reduced, " << bytes << " bytes");
+    }
+  }
+  const std::vector<std::uint8_t> after = carry(first + 1);
+  BOOST_TEST_REQUIRE(after.size() == first + 1);
+  BOOST_TEST(after.back() == sum);
 }
 
 // The rule behind the carried agreement's safety: every rendezvous says how many bytes its rank

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -129,11 +130,28 @@ public:
     return rendezvous(who, values.data(), N, operation, sequence, &data, op);
   }
 
-  //! The most bytes a rendezvous carries (`allreduce_max_carrying`). Every rendezvous receive has
-  //! room for them, so that a rank at a rendezvous that carries nothing still reads the message
-  //! of one that carries data, and both throw `mismatch_error`. Up to here one round trip of
-  //! recursive doubling costs less than a rendezvous and then MPI's all-reduce (bench/allreduce).
-  static constexpr std::size_t max_carried_bytes = std::size_t{16} << 10;
+  //! The most bytes a rendezvous carries (`allreduce_max_carrying`). Every rendezvous receives
+  //! all that its peer sends, as the peer's first message says, so that a rank at a rendezvous
+  //! that carries nothing still reads the messages of one that carries data, and both throw
+  //! `mismatch_error`. Up to here one round trip of recursive doubling costs less than a
+  //! rendezvous and then MPI's all-reduce (bench/allreduce).
+  static constexpr std::size_t max_carried_bytes = std::size_t{32} << 10;
+
+  //! A rendezvous message's header, in words: the operation's fingerprint pair, the values, and
+  //! the carried bytes' pair (see carried_words).
+  static constexpr std::size_t message_words = 8;
+  static constexpr std::size_t header_bytes = message_words * sizeof(std::uint64_t);
+  //! What one rank sends another in a round: the header, the bytes its own data takes (which the
+  //! header's max does not tell: the receiver needs it to receive them all), then the data.
+  static constexpr std::size_t prefix_bytes = header_bytes + sizeof(std::uint64_t);
+  //! That train goes as messages of at most this many bytes, all posted at once: the largest that
+  //! Open MPI's shared memory sends eagerly (its eager limit, 4 KiB, less its own header), because
+  //! a message past it takes the rendezvous protocol's handshake: 8 KiB in 3 such messages 1.2 µs,
+  //! in one 4.8 µs (2 ranks on this machine). Where the limit is higher, the pieces cost a few
+  //! small messages more.
+  static constexpr std::size_t eager_bytes = 4032;
+  static constexpr std::size_t max_pieces =
+      (prefix_bytes + max_carried_bytes + eager_bytes - 1) / eager_bytes;
 
   //! Waits for `requests` (of a rendezvous), reading the control channel meanwhile: ends the job
   //! when a peer has left or the timeout has passed. The first iterations only test, so that a
@@ -173,16 +191,13 @@ public:
 
 private:
   static constexpr int rendezvous_tag = 0x636f;
-  static constexpr std::size_t message_words = 8;
   // The header's last words, in every rendezvous: max(bytes), max(~bytes) of what each rank
   // carried (0 when nothing), equal on every rank only when all carried as many. A rank that
   // carries nothing where the others carry (a rendezvous of another kind, or a carrying one that
-  // fell back) makes them differ on every rank, and no rank uses the data. (The bytes one message
-  // carries are its size less the header.)
+  // fell back) makes them differ on every rank, and no rank uses the data.
   static constexpr std::size_t carried_words = 2;
-  static constexpr std::size_t header_bytes = message_words * sizeof(std::uint64_t);
 
-  // The messages of one thread's rendezvous (header, then the carried bytes): made at its first
+  // The trains of one thread's rendezvous (prefix, then the carried bytes): made at its first
   // rendezvous, then reused.
   struct rendezvous_buffers {
     std::vector<std::byte> mine;

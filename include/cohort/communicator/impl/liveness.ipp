@@ -20,8 +20,8 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   const MPI_Comm comm = channel(who);
   rendezvous_buffers& buffers = buffers_[who == waiter::caller ? 0 : 1];
   if (buffers.mine.empty()) {
-    buffers.mine.resize(header_bytes + max_carried_bytes);
-    buffers.incoming.resize(header_bytes + max_carried_bytes);
+    buffers.mine.resize(prefix_bytes + max_carried_bytes);
+    buffers.incoming.resize(prefix_bytes + max_carried_bytes);
   }
   // The header, in words; then the carried bytes.
   std::array<std::uint64_t, message_words> mine{};
@@ -37,7 +37,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   // (An empty view carries nothing: its pointer may be null, which memcpy must not see.)
   if (data != nullptr && data->size_bytes() > 0 && data->size_bytes() <= max_carried_bytes) {
     carried = data->size_bytes();
-    std::memcpy(buffers.mine.data() + header_bytes, data->data, carried);
+    std::memcpy(buffers.mine.data() + prefix_bytes, data->data, carried);
   }
   mine[message_words - 2] = carried;
   mine[message_words - 1] = ~static_cast<std::uint64_t>(carried);
@@ -48,37 +48,74 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     return tensor_view{bytes, data->count, data->type, memory_location::host};
   };
   const auto exchange = [&](int peer, bool send, bool receive) {
-    // One message each way, header and carried bytes together. (Splitting 4 KiB of data from
-    // its header, so that each message stays within the eager limit of Open MPI's shared memory,
-    // measured slower: a second wait costs more than the larger message's protocol.)
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    MPI_Status statuses[2];
+    // One train each way (see eager_bytes): the first message holds the prefix, which says how
+    // many messages follow; every message sent is received, whatever the peer carried, so that
+    // a rendezvous that disagrees leaves nothing behind in the channel.
+    MPI_Request first[1] = {MPI_REQUEST_NULL};
+    MPI_Status first_status[1];
+    MPI_Request rest[2 * max_pieces]; // this rank's pieces, then the peer's after its first
+    MPI_Status rest_statuses[2 * max_pieces];
+    std::fill(std::begin(rest), std::end(rest), MPI_REQUEST_NULL);
     if (receive) {
-      mpi::check(MPI_Irecv(buffers.incoming.data(), static_cast<int>(buffers.incoming.size()),
-                           MPI_BYTE, peer, rendezvous_tag, comm, &requests[0]),
+      mpi::check(MPI_Irecv(buffers.incoming.data(), static_cast<int>(eager_bytes), MPI_BYTE, peer,
+                           rendezvous_tag, comm, &first[0]),
                  "MPI_Irecv (agreement check)", comm);
     }
     if (send) {
       std::memcpy(buffers.mine.data(), mine.data(), header_bytes);
-      mpi::check(MPI_Isend(buffers.mine.data(), static_cast<int>(header_bytes + carried), MPI_BYTE,
-                           peer, rendezvous_tag, comm, &requests[1]),
-                 "MPI_Isend (agreement check)", comm);
+      const std::uint64_t own = carried;
+      std::memcpy(buffers.mine.data() + header_bytes, &own, sizeof own);
+      const std::size_t train = prefix_bytes + carried;
+      for (std::size_t k = 0, at = 0; at < train; ++k, at += eager_bytes) {
+        mpi::check(MPI_Isend(buffers.mine.data() + at,
+                             static_cast<int>(std::min(eager_bytes, train - at)), MPI_BYTE, peer,
+                             rendezvous_tag, comm, &rest[k]),
+                   "MPI_Isend (agreement check)", comm);
+      }
     }
-    wait(who, requests, operation, sequence, statuses);
     if (!receive) {
+      wait(who, rest, operation, sequence);
       return std::size_t{0};
     }
+    wait(who, first, operation, sequence, first_status);
     int count = 0;
-    mpi::check(MPI_Get_count(&statuses[0], MPI_BYTE, &count), "MPI_Get_count (agreement check)",
+    mpi::check(MPI_Get_count(&first_status[0], MPI_BYTE, &count), "MPI_Get_count (agreement check)",
                comm);
-    if (static_cast<std::size_t>(count) < header_bytes) {
+    std::uint64_t theirs = 0;
+    if (static_cast<std::size_t>(count) >= prefix_bytes) {
+      std::memcpy(&theirs, buffers.incoming.data() + header_bytes, sizeof theirs);
+    }
+    const std::size_t train = prefix_bytes + static_cast<std::size_t>(theirs);
+    if (static_cast<std::size_t>(count) < prefix_bytes || theirs > max_carried_bytes ||
+        static_cast<std::size_t>(count) != std::min(eager_bytes, train)) {
       throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
                            std::to_string(rank_) + ": a rendezvous message of " +
                            std::to_string(count) + " bytes from rank " + std::to_string(peer) +
                            " (not a cohort agreement of this version?)");
     }
+    std::size_t pieces = 0;
+    for (std::size_t at = eager_bytes; at < train; at += eager_bytes, ++pieces) {
+      mpi::check(MPI_Irecv(buffers.incoming.data() + at,
+                           static_cast<int>(std::min(eager_bytes, train - at)), MPI_BYTE, peer,
+                           rendezvous_tag, comm, &rest[max_pieces + pieces]),
+                 "MPI_Irecv (agreement check)", comm);
+    }
+    wait(who, rest, operation, sequence, rest_statuses);
+    for (std::size_t k = 0; k < pieces; ++k) {
+      const std::size_t at = eager_bytes * (k + 1);
+      mpi::check(MPI_Get_count(&rest_statuses[max_pieces + k], MPI_BYTE, &count),
+                 "MPI_Get_count (agreement check)", comm);
+      if (static_cast<std::size_t>(count) != std::min(eager_bytes, train - at)) {
+        throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank_) + ": a rendezvous message of " +
+                             std::to_string(count) + " bytes from rank " + std::to_string(peer) +
+                             " where its train said " +
+                             std::to_string(std::min(eager_bytes, train - at)) +
+                             " (not a cohort agreement of this version?)");
+      }
+    }
     std::memcpy(incoming.data(), buffers.incoming.data(), header_bytes);
-    return static_cast<std::size_t>(count) - header_bytes;
+    return static_cast<std::size_t>(theirs);
   };
   // The lower rank's partial is always the first operand, so that both partners compute the
   // same bits (min and max of NaN or of -0 and +0, and NaN payloads, depend on the order).
@@ -92,12 +129,12 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     }
     if (whole && same && received == carried) {
       if (peer < rank_) {
-        kernels::host::reduce(as_view(buffers.incoming.data() + header_bytes),
-                              as_view(buffers.mine.data() + header_bytes), op);
+        kernels::host::reduce(as_view(buffers.incoming.data() + prefix_bytes),
+                              as_view(buffers.mine.data() + prefix_bytes), op);
         std::swap(buffers.mine, buffers.incoming);
       } else {
-        kernels::host::reduce(as_view(buffers.mine.data() + header_bytes),
-                              as_view(buffers.incoming.data() + header_bytes), op);
+        kernels::host::reduce(as_view(buffers.mine.data() + prefix_bytes),
+                              as_view(buffers.incoming.data() + prefix_bytes), op);
       }
     } else {
       whole = false;
@@ -134,7 +171,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
       mine = incoming;
       // The odd neighbour's result, reduced over every rank if it is whole.
       if (whole && received == carried) {
-        std::memcpy(buffers.mine.data() + header_bytes, buffers.incoming.data() + header_bytes,
+        std::memcpy(buffers.mine.data() + prefix_bytes, buffers.incoming.data() + prefix_bytes,
                     carried);
       } else {
         whole = false;
@@ -153,7 +190,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   if (data == nullptr || !whole || mine[message_words - 2] != ~mine[message_words - 1]) {
     return nullptr;
   }
-  return buffers.mine.data() + header_bytes;
+  return buffers.mine.data() + prefix_bytes;
 }
 
 COHORT_DECL void liveness::check_departures(watch_clock::time_point now, const char* operation,
