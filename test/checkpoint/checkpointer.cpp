@@ -16,8 +16,10 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -367,6 +369,135 @@ BOOST_AUTO_TEST_CASE(state_that_does_not_fit_is_refused_by_name_on_every_rank) {
       ckpt.resume(s.params, s.position, cohort::serialized(s.velocity), engine),
       cohort::checkpoint_error,
       message_has({"was saved as a serialized value", "was given a data position"}));
+}
+
+// The manifest and rank 0's file are checked as the parts are: a manifest with a byte flipped is
+// found by its own checksum (before any of its numbers is believed), a damaged root file by its
+// checksum, and a manifest that lists one part many times over (with its checksum made right
+// again: an edited one) by the names it lists; each is skipped alike on every rank. A manifest of
+// the first format, without a checksum line, still resumes.
+BOOST_AUTO_TEST_CASE(a_damaged_manifest_or_root_file_is_skipped) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "manifest");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir, {.keep = 10}};
+  trainer_state s(comm.rank(), 1);
+  std::vector<trainer_state> at;
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    s.advance();
+    s.save(ckpt, step);
+    at.push_back(s);
+  }
+  const std::string n = std::to_string(comm.size());
+  const auto read = [](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto write = [](const fs::path& file, const std::string& text) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+  };
+  on_root(comm, [&] {
+    flip_byte(part(dir, 4, "MANIFEST"), 40);
+    flip_byte(part(dir, 3, "root-of-" + n), 3);
+    // An edited manifest: one file listed where another belongs, the checksum line made right.
+    const fs::path path = part(dir, 2, "MANIFEST");
+    const std::string text = read(path);
+    cohort::checkpoint::manifest m = cohort::checkpoint::manifest::parse(text, path.string());
+    m.root.front().name = m.per_rank.front().name;
+    write(path, m.text());
+    // Step 1 in the first format: no checksum line.
+    const fs::path first = part(dir, 1, "MANIFEST");
+    std::string old = read(first);
+    old =
+        "cohort checkpoint 1" + old.substr(old.find('\n'), old.rfind("checksum ") - old.find('\n'));
+    write(first, old);
+  });
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(every_rank(comm, resumed.resume(ckpt).value_or(0) == 1u));
+  BOOST_TEST(resumed.same_as(at[0]));
+  std::string why;
+  for (const std::string& m : ckpt.skipped()) {
+    why += m + "\n";
+  }
+  BOOST_TEST_MESSAGE(why);
+  BOOST_TEST(message_has({"step 4 skipped", "MANIFEST has checksum", "its last line says",
+                          "damaged"})(cohort::error(why)));
+  BOOST_TEST(message_has({"step 3 skipped", "root-of-" + n, "has checksum", "the manifest says"})(
+      cohort::error(why)));
+  BOOST_TEST(message_has({"step 2 skipped", "lists 'rank-0-of-" + n + "'", "'root-of-" + n + "'",
+                          "damaged or edited"})(cohort::error(why)));
+}
+
+// A save never loses what is there: a step complete in the directory that this run neither saved
+// nor resumed from (another run's) is an error, not silently kept as if it were this run's; a
+// name too long for a resume to read back is refused at the save, not found at the resume; and a
+// manifest that cannot be written leaves nothing of its step behind.
+BOOST_AUTO_TEST_CASE(a_save_that_cannot_be_resumed_is_refused) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "refused");
+  const fs::path& dir = scratch.path();
+  bool manifest_fails = false;
+  cohort::checkpoint_options options{.keep = 10};
+  options.write = [&](int fd, const void* data, std::size_t bytes) -> ::ssize_t {
+    if (manifest_fails && bytes >= 18 && std::memcmp(data, "cohort checkpoint ", 18) == 0) {
+      errno = EIO;
+      return -1;
+    }
+    return ::write(fd, data, bytes);
+  };
+  {
+    cohort::checkpointer earlier{comm, dir, {.keep = 10}};
+    trainer_state other(comm.rank(), 7);
+    other.save(earlier, 3);
+  }
+  cohort::checkpointer ckpt{comm, dir, options};
+  trainer_state s(comm.rank(), 1);
+  BOOST_CHECK_EXCEPTION(s.save(ckpt, 3), cohort::checkpoint_error,
+                        message_has({"step 3 already has a complete checkpoint",
+                                     "neither saved nor resumed from", "call resume first"}));
+  s.save(ckpt, 4);
+  s.save(ckpt, 4); // its own: not written again
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 4u);
+  s.save(ckpt, 4); // resumed from: not written again
+  std::vector<float> long_w(2, 1.0f), long_g(2);
+  std::vector<param> long_named{{std::string(5000, 'w'), &long_w, &long_g}};
+  BOOST_CHECK_EXCEPTION(ckpt.save(5, long_named), cohort::checkpoint_error,
+                        message_has({"saving step 5", "a parameter's name is 5000 characters long",
+                                     "more than the 4096"}));
+  BOOST_TEST(!fs::exists(dir / ckpt.step_name(5)));
+  manifest_fails = comm.rank() == 0;
+  BOOST_CHECK_EXCEPTION(s.save(ckpt, 6), cohort::checkpoint_error,
+                        message_has({"saving step 6", "rank 0", "Input/output error"}));
+  BOOST_TEST(every_rank(comm, !fs::exists(dir / ckpt.step_name(6))));
+  manifest_fails = false;
+  const std::vector<std::uint64_t> kept{4, 3};
+  BOOST_TEST(every_rank(comm, ckpt.complete_steps() == kept));
+}
+
+// What a resume sets aside is kept for a person to look at, not forever: once `keep` complete
+// checkpoints are newer, it goes as old checkpoints do.
+BOOST_AUTO_TEST_CASE(set_aside_checkpoints_go_once_keep_newer_ones_exist) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "aside");
+  const fs::path& dir = scratch.path();
+  cohort::checkpointer ckpt{comm, dir, {.keep = 2}};
+  trainer_state s(comm.rank(), 1);
+  s.save(ckpt, 1);
+  s.save(ckpt, 2);
+  on_root(comm, [&] { flip_byte(part(dir, 2, "rank-0-of-" + std::to_string(comm.size())), 0); });
+  trainer_state resumed(comm.rank(), 0);
+  BOOST_TEST(resumed.resume(ckpt).value_or(0) == 1u);
+  const fs::path aside = dir / ("set-aside-" + ckpt.step_name(2));
+  BOOST_TEST(every_rank(comm, fs::exists(aside)));
+  resumed.save(ckpt, 2);
+  BOOST_TEST(every_rank(comm, fs::exists(aside))); // newer ones: 2 and 1, not 2 newer than 2
+  resumed.save(ckpt, 3);
+  BOOST_TEST(every_rank(comm, fs::exists(aside)));
+  resumed.save(ckpt, 4);
+  BOOST_TEST(every_rank(comm, !fs::exists(aside))); // 4 and 3 are newer
+  const std::vector<std::uint64_t> kept{4, 3};
+  BOOST_TEST(every_rank(comm, ckpt.complete_steps() == kept));
 }
 
 BOOST_AUTO_TEST_CASE(another_number_of_ranks_resumes_the_replicated_state) {

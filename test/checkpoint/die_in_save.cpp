@@ -7,7 +7,9 @@
 //
 // HOW: `rank`, the last rank in its first file; `async`, the same on its writer thread while
 // the ranks go on (`async` saves); `manifest`, rank 0 in the manifest, once every rank has
-// written its files and reported them.
+// written its files and reported them; `throw`, not killed: the last rank's trainer throws while
+// an async save of step 2 is in flight, and the exception unwinds its checkpointer (which then
+// leaves step 2 without its manifest) and its communicator, while the others complete the save.
 #include <cohort/checkpoint.hpp>
 #include <cohort/cohort.hpp>
 
@@ -17,6 +19,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <exception>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unistd.h>
@@ -37,21 +41,37 @@ struct state {
   }
 };
 
+int run(std::string_view mode, std::string_view how, const char* directory);
+
 } // namespace
 
 int main(int argc, char** argv) {
   boost::mpi::environment env(argc, argv);
   const std::string_view mode = argc > 1 ? argv[1] : "";
   const std::string_view how = argc > 3 ? argv[3] : "";
-  if (!((mode == "save" && argc == 4 && (how == "rank" || how == "async" || how == "manifest")) ||
+  if (!((mode == "save" && argc == 4 &&
+         (how == "rank" || how == "async" || how == "manifest" || how == "throw")) ||
         (mode == "resume" && argc == 3))) {
-    std::fprintf(stderr, "usage: die_in_save save DIR rank|async|manifest, or resume DIR\n");
+    std::fprintf(stderr, "usage: die_in_save save DIR rank|async|manifest|throw, or resume DIR\n");
     return 2;
   }
+  try {
+    return run(mode, how, argv[2]);
+  } catch (const std::exception& e) {
+    // Caught here, after every destructor of run's has run: the process ends as a trainer's
+    // would that reports its error and returns.
+    std::fprintf(stderr, "die_in_save: %s\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+int run(std::string_view mode, std::string_view how, const char* directory) {
   auto comm = cohort::make_communicator<cohort::flat>();
   std::atomic<bool> armed = false; // once step 1 is complete (read on the writer thread)
   cohort::checkpoint_options options;
-  options.async = how == "async";
+  options.async = how == "async" || how == "throw";
   const int rank = comm.rank();
   const int victim = how == "manifest" ? 0 : comm.size() - 1;
   const std::string_view manifest_start = "cohort checkpoint ";
@@ -59,13 +79,14 @@ int main(int argc, char** argv) {
   options.write = [&](int fd, const void* data, std::size_t bytes) -> ::ssize_t {
     const std::string_view text(static_cast<const char*>(data),
                                 std::min(bytes, manifest_start.size()));
-    if (armed && rank == victim && (how != "manifest" || text == manifest_start)) {
+    if (armed && rank == victim && how != "throw" &&
+        (how != "manifest" || text == manifest_start)) {
       (void)::write(fd, data, bytes / 2);
       std::raise(SIGKILL);
     }
     return ::write(fd, data, bytes);
   };
-  cohort::checkpointer ckpt{comm, argv[2], options};
+  cohort::checkpointer ckpt{comm, directory, options};
   state s;
   if (mode == "save") {
     s.set(1);
@@ -74,6 +95,10 @@ int main(int argc, char** argv) {
     armed = true;
     s.set(2);
     ckpt.save(2, s.params, s.position);
+    if (how == "throw" && rank == victim) {
+      throw std::runtime_error("rank " + std::to_string(rank) +
+                               ": a failure of the trainer's while a save is in flight");
+    }
     ckpt.finish();
     std::printf("saved step 2: the rank was not killed\n");
     return 0;
@@ -94,3 +119,5 @@ int main(int argc, char** argv) {
   }
   return all_intact ? 0 : 1;
 }
+
+} // namespace

@@ -13,9 +13,9 @@
 #     next epoch's start and end with the very weights of the whole run.
 #   kill.sh rank MPIEXEC RANKS DIE_IN_SAVE WORK HOW
 #     one rank killed in the middle of writing a checkpoint (HOW, see die_in_save.cpp: the last
-#     rank in its file, the same on its async writer thread, or rank 0 in the manifest): the job
-#     ends (not hangs), and the next job resumes the checkpoint before, saying that it ignored
-#     the unfinished one.
+#     rank in its file, the same on its async writer thread, or rank 0 in the manifest), or
+#     throwing while an async save is in flight (`throw`): the job ends (not hangs), and the next
+#     job resumes the checkpoint before, saying that it ignored the unfinished one.
 set -euo pipefail
 mode=$1 mpiexec=$2 ranks=$3 program=$4 work=$5
 shift 5
@@ -82,13 +82,20 @@ elif [ "$mode" = rank ]; then
   [ "$status" -ne 0 ] || fail "the job with a killed rank succeeded: $(cat "$work/died.txt")"
   [ "$status" -ne 124 ] || fail "the job hung after a rank was killed"
   echo "the job with a killed rank ended with status $status"
-  # Killed where it was meant to be: in the manifest, or in a file of its own.
+  # Killed where it was meant to be: in the manifest, or in a file of its own; or, for `throw`,
+  # the rank that threw left, and the others ended the job for it.
   step2=$(ls -d "$work"/checkpoints/step-*2)
   case "$1" in
     manifest) [ -f "$step2/.MANIFEST.tmp" ] || fail "rank 0 was not killed in the manifest" ;;
+    throw)
+      grep -q "a failure of the trainer's while a save is in flight" "$work/died.txt" ||
+        fail "the rank did not throw: $(cat "$work/died.txt")"
+      grep -q "left the job" "$work/died.txt" ||
+        fail "the job did not end for the rank that left: $(cat "$work/died.txt")"
+      [ ! -f "$step2/MANIFEST" ] || fail "step 2 was completed without the rank that threw" ;;
     *) ls "$step2"/.*-of-"$ranks".tmp >/dev/null 2>&1 || fail "no rank was killed in its file" ;;
   esac
-  echo "killed in: $(cd "$step2" && ls -A | grep '\.tmp$')"
+  [ "$1" = throw ] || echo "killed in: $(cd "$step2" && ls -A | grep '\.tmp$')"
   bounded 60 "$mpiexec" -n "$ranks" "$program" resume "$work/checkpoints" >"$work/resumed.txt" 2>&1 ||
     fail "the resuming job failed: $(cat "$work/resumed.txt")"
   cat "$work/resumed.txt"

@@ -60,6 +60,13 @@ void load(std::span<const std::byte> replicated, std::optional<std::span<const s
   }
 }
 
+void parse(const std::string& text) {
+  try {
+    (void)cohort::checkpoint::manifest::parse(text, "fuzz");
+  } catch (const cohort::checkpoint_error&) {
+  }
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -67,14 +74,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   const auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
   case 0:
-    try {
-      (void)cohort::checkpoint::manifest::parse(
-          std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "fuzz");
-    } catch (const cohort::checkpoint_error&) {
-    }
+    parse(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     break;
+  case 3: {
+    // A manifest's lines with their checksum line made right: what is below the checksum.
+    std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    text += "checksum " +
+            cohort::checkpoint::to_hex(cohort::checkpoint::checksum::of(
+                std::as_bytes(std::span(text.data(), text.size())))) +
+            "\n";
+    parse(text);
+    break;
+  }
   case 1:
     load(bytes, std::nullopt);
     break;
@@ -120,6 +133,11 @@ int main(int argc, char** argv) {
   m.per_rank = {{"rank-0-of-2", 5, 0x99}, {"rank-1-of-2", 6, 0x77}};
   const std::string text = m.text();
   write("manifest", 0, std::as_bytes(std::span(text.data(), text.size())), std::nullopt);
+  // Its lines without the checksum line (kind 3 sums them), and the same in format 1.
+  const std::string lines = text.substr(0, text.rfind("checksum "));
+  write("manifest-lines", 3, std::as_bytes(std::span(lines.data(), lines.size())), std::nullopt);
+  const std::string first = "cohort checkpoint 1" + lines.substr(lines.find('\n'));
+  write("manifest-1", 0, std::as_bytes(std::span(first.data(), first.size())), std::nullopt);
   state s;
   using cohort::state_scope;
   const auto shared = cohort::checkpoint::serialize<state_scope::replicated>(

@@ -44,6 +44,9 @@ inline byte_pieces slice(const byte_pieces& pieces, std::size_t begin, std::size
   return out;
 }
 
+//! The longest string (a name, a kind) a checkpoint holds unless told otherwise.
+inline constexpr std::uint64_t max_string_bytes = 4096;
+
 //! Appends numbers, strings and blocks. Small things are copied into the writer; a large block
 //! put with `put_block_borrowed` stays where it is (a parameter's values: a save writes them to
 //! the file from the parameter's own memory), so that a save costs no copy of the state.
@@ -63,8 +66,15 @@ public:
     segments_.back().size += bytes.size();
     size_ += bytes.size();
   }
-  //! A length, then the characters.
-  void put_string(std::string_view text) {
+  //! A length, then the characters; refused past `limit`, which reading applies too (a save
+  //! must not write what no resume can read back).
+  void put_string(std::string_view text, std::string_view what = "a name",
+                  std::uint64_t limit = max_string_bytes) {
+    if (text.size() > limit) {
+      throw checkpoint_error("cohort checkpoint: " + std::string(what) + " is " +
+                             std::to_string(text.size()) + " characters long, more than the " +
+                             std::to_string(limit) + " a checkpoint holds");
+    }
     put<std::uint64_t>(text.size());
     put_bytes(std::as_bytes(std::span(text.data(), text.size())));
   }
@@ -202,7 +212,7 @@ public:
     return raw;
   }
   //! A string of at most `limit` characters.
-  std::string get_string(std::string_view what, std::uint64_t limit = 4096) {
+  std::string get_string(std::string_view what, std::uint64_t limit = max_string_bytes) {
     const auto length = get<std::uint64_t>(what);
     if (length > limit) {
       fail(what,

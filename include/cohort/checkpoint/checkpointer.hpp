@@ -89,8 +89,10 @@ public:
   //! Writes `state` as the checkpoint of `step`. Collective. Throws `checkpoint_error` on every
   //! rank if any rank failed, naming the ranks and what failed, and removes what was written of
   //! this step; the checkpoints before stay as they were. A step that has a complete checkpoint
-  //! already is not written again. The ranks' replicated state must be identical: if it is not,
-  //! that is the error (naming two ranks that differ), not a checkpoint.
+  //! already is not written again if this checkpointer saved it or resumed from it; one it did
+  //! not (another run's, in a directory not resumed from) is an error on every rank. The ranks'
+  //! replicated state must be identical: if it is not, that is the error (naming two ranks that
+  //! differ), not a checkpoint.
   //!
   //! With `async`, `save` returns once the state is copied into memory, and a thread of this
   //! rank writes its files while training goes on; the next `save`, `resume` or `finish`
@@ -103,7 +105,13 @@ public:
     const std::filesystem::path where = directory_ / step_name(step);
     if (comm_.bcast_obj(comm_.rank() == 0 &&
                         checkpoint::is_file(where / checkpoint::manifest_name))) {
-      return;
+      if (step == resumed_ || step == last_saved_) {
+        return; // the same state, checkpointed already by this run
+      }
+      throw checkpoint_error("cohort checkpoint: step " + std::to_string(step) +
+                             " already has a complete checkpoint in " + directory_.string() +
+                             " that this run neither saved nor resumed from (another run's? "
+                             "call resume first, or save into another directory)");
     }
     auto job = std::make_unique<pending>();
     job->step = step;
@@ -196,6 +204,7 @@ public:
       State&&... state) {
     finish();
     skipped_.clear();
+    resumed_.reset();
     // What a resume reads through (a 1 MiB window; the whole replicated state for a checkpoint
     // whose parts do not map as one span): freed when resume returns (a run resumes once).
     struct release_on_return {
@@ -278,6 +287,7 @@ public:
       }
       throw_failures(comm_.allgather_obj(failure), "resuming from step " + std::to_string(step));
       set_aside_newer_than(step);
+      resumed_ = step;
       return step;
     }
     set_aside_newer_than(std::nullopt);
@@ -411,14 +421,19 @@ private:
         const std::string text = m.text();
         write(where, std::string(checkpoint::manifest_name),
               {std::as_bytes(std::span(text.data(), text.size()))});
-        checkpoint::prune(
-            directory_, options_.keep,
-            job.step); // before any rank returns: when save returns, the old ones are gone
       } catch (const std::exception& e) {
         written = "rank 0: " + reason(e);
+        std::error_code ignored; // every rank is done with the directory: nothing half is left
+        std::filesystem::remove_all(where, ignored);
+      }
+      if (written == "ok") {
+        // Before any rank returns: when save returns, the old ones are gone. (It never throws:
+        // this checkpoint is complete whatever happens to the old ones.)
+        checkpoint::prune(directory_, options_.keep, job.step);
       }
     }
     throw_failures({comm_.bcast_obj(written)}, doing);
+    last_saved_ = job.step;
   }
 
   // After a resume from `step` (or from nothing), the checkpoint directories of later steps (the
@@ -439,7 +454,8 @@ private:
         std::filesystem::rename(directory_ / name, aside, code);
         note_skipped(code ? "could not set " + name + " aside: " + code.message()
                           : name + " set aside as " + aside.filename().string() +
-                                " (a later step than the one resumed)");
+                                (step ? " (a later step than the one resumed)"
+                                      : " (nothing could be resumed)"));
       }
     }
     // Every rank's skipped() the same; and when resume returns, they are set aside.
@@ -488,7 +504,9 @@ private:
   std::filesystem::path directory_;
   checkpoint_options options_;
   std::vector<std::string> skipped_;
-  std::unique_ptr<pending> pending_; // an asynchronous save in flight
+  std::optional<std::uint64_t> resumed_;    // the step the last resume loaded
+  std::optional<std::uint64_t> last_saved_; // the step of the last save completed
+  std::unique_ptr<pending> pending_;        // an asynchronous save in flight
   std::array<checkpoint::kept_buffer, 3>
       spare_;                           // the copies of the last asynchronous save, to reuse
   checkpoint::kept_buffer read_buffer_; // the joined replicated state, during a resume

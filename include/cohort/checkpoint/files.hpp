@@ -197,7 +197,11 @@ inline std::vector<std::byte> read_whole(const std::filesystem::path& path, std:
     detail::fail("fstat", path, errno);
   }
   const auto size = static_cast<std::uint64_t>(info.st_size);
-  if (!S_ISREG(info.st_mode) || size > limit) {
+  if (!S_ISREG(info.st_mode)) {
+    throw checkpoint_io_error("cohort checkpoint: " + path.string() +
+                              " is not a regular file (a directory, a device or a pipe)");
+  }
+  if (size > limit) {
     throw checkpoint_error("cohort checkpoint: " + path.string() + " holds " +
                            std::to_string(size) + " bytes, more than the " + std::to_string(limit) +
                            " a file of this checkpoint may hold");

@@ -96,51 +96,89 @@ inline std::vector<std::string> names_later_than(const std::filesystem::path& di
   return later;
 }
 
+//! The step of a directory `set_aside` renamed ("set-aside-step-<20 digits>", then perhaps
+//! ".<n>"), or nothing for any other name.
+inline std::optional<std::uint64_t> set_aside_step_of(const std::string& name) {
+  constexpr std::string_view prefix = "set-aside-";
+  if (name.compare(0, prefix.size(), prefix) != 0 || name.size() < prefix.size() + 25) {
+    return std::nullopt;
+  }
+  const std::string rest = name.substr(prefix.size() + 25);
+  if (!rest.empty() &&
+      (rest.size() < 2 || rest.front() != '.' ||
+       !std::all_of(rest.begin() + 1, rest.end(), [](char c) { return c >= '0' && c <= '9'; }))) {
+    return std::nullopt;
+  }
+  return step_of(name.substr(prefix.size(), 25));
+}
+
 //! Keeps the newest `keep` complete checkpoints under `directory`, and always the one of step
 //! `saved` (just written: a directory may hold later ones, from a run that saved without resuming
-//! first, and keep N must not remove the run's own save); removes older ones, and directories
-//! without a manifest older than the newest complete one (saves that failed). A manifest goes
-//! first, so that a removal cut short leaves no checkpoint that looks complete. What cannot be
-//! removed is reported on stderr, not thrown: the checkpoint just saved is complete.
-inline void prune(const std::filesystem::path& directory, std::size_t keep, std::uint64_t saved) {
-  std::vector<std::uint64_t> complete = steps_where(directory, true);
-  if (complete.empty()) {
-    return;
-  }
-  const auto own = std::find(complete.begin(), complete.end(), saved);
-  if (own != complete.end()) {
-    std::rotate(complete.begin(), own, own + 1);
-  }
-  std::vector<std::filesystem::path> doomed;
-  std::error_code code;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, code)) {
-    const std::optional<std::uint64_t> step = step_of(entry.path().filename().string());
-    if (!step) {
-      continue;
+//! first, and keep N must not remove the run's own save); removes older ones, directories
+//! without a manifest older than the newest complete one (saves that failed), and directories
+//! set aside by a resume once `keep` complete checkpoints are newer than they are (kept for a
+//! person to look at until then, not forever: each may be as large as the state). A manifest
+//! goes first, so that a removal cut short leaves no checkpoint that looks complete. Never
+//! throws: what cannot be listed or removed is reported on stderr (the checkpoint just saved is
+//! complete whatever happens here).
+inline void prune(const std::filesystem::path& directory, std::size_t keep,
+                  std::uint64_t saved) noexcept {
+  try {
+    std::vector<std::uint64_t> complete = steps_where(directory, true);
+    if (complete.empty()) {
+      return;
     }
-    const auto rank_of = std::find(complete.begin(), complete.end(), *step);
-    const bool is_complete = rank_of != complete.end();
-    if ((is_complete && static_cast<std::size_t>(rank_of - complete.begin()) >= keep) ||
-        (!is_complete && *step < complete.front())) {
-      doomed.push_back(entry.path());
+    const auto own = std::find(complete.begin(), complete.end(), saved);
+    if (own != complete.end()) {
+      std::rotate(complete.begin(), own, own + 1);
     }
-  }
-  for (const std::filesystem::path& path : doomed) {
-    std::filesystem::remove(path / manifest_name, code);
-    if (!code) {
-      std::filesystem::remove_all(path, code);
+    // The oldest of the `keep` newest complete checkpoints: what is set aside before it is old.
+    std::vector<std::uint64_t> newest = complete;
+    std::sort(newest.rbegin(), newest.rend());
+    const bool full = keep > 0 && newest.size() >= keep;
+    const std::uint64_t horizon = full ? newest[keep - 1] : 0;
+    std::vector<std::filesystem::path> doomed;
+    std::error_code code;
+    for (std::filesystem::directory_iterator entry(directory, code), end; !code && entry != end;
+         entry.increment(code)) {
+      const std::string name = entry->path().filename().string();
+      if (const std::optional<std::uint64_t> aside = set_aside_step_of(name)) {
+        if (full && *aside < horizon) {
+          doomed.push_back(entry->path());
+        }
+        continue;
+      }
+      const std::optional<std::uint64_t> step = step_of(name);
+      if (!step) {
+        continue;
+      }
+      const auto rank_of = std::find(complete.begin(), complete.end(), *step);
+      const bool is_complete = rank_of != complete.end();
+      if ((is_complete && static_cast<std::size_t>(rank_of - complete.begin()) >= keep) ||
+          (!is_complete && *step < complete.front())) {
+        doomed.push_back(entry->path());
+      }
     }
     if (code) {
-      std::fprintf(stderr, "cohort checkpoint: could not remove %s: %s\n", path.c_str(),
+      std::fprintf(stderr, "cohort checkpoint: could not list %s: %s\n", directory.c_str(),
                    code.message().c_str());
     }
-  }
-  if (!doomed.empty()) {
-    try {
-      sync_directory(directory);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+    for (const std::filesystem::path& path : doomed) {
+      std::filesystem::remove(path / manifest_name, code);
+      if (!code) {
+        std::filesystem::remove_all(path, code);
+      }
+      if (code) {
+        std::fprintf(stderr, "cohort checkpoint: could not remove %s: %s\n", path.c_str(),
+                     code.message().c_str());
+      }
     }
+    if (!doomed.empty()) {
+      sync_directory(directory);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cohort checkpoint: keeping the newest %zu in %s: %s\n", keep,
+                 directory.c_str(), e.what());
   }
 }
 

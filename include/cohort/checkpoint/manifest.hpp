@@ -14,11 +14,14 @@
 //   root 0 36112 77a0...03 root-of-2
 //   per-rank 1 6672 0b1d...7a rank-1-of-2
 //   end
+//   checksum 3c81...9d
 //
 // (the replicated state whole: its size, which its parts must add up to, and XXH3-64, which the
-// ranks compared when they saved; a file line: role, index, size in bytes, XXH3-64, name).
-// Parsing is strict and bounded: any line out of place, number out of range or name with a path
-// in it is an error naming the line.
+// ranks compared when they saved; a file line: role, index, size in bytes, XXH3-64, name; last,
+// the XXH3-64 of every line before it, so that a damaged manifest is found as damage, by its
+// checksum, before any of its numbers is believed). Parsing is strict and bounded: any line out
+// of place, number out of range or name with a path in it is an error naming the line. Format 1
+// (no checksum line) is still read.
 
 #include <cohort/checkpoint/files.hpp>
 #include <cohort/config.hpp>
@@ -27,6 +30,7 @@
 #include <bit>
 #include <charconv>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -36,7 +40,7 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace checkpoint {
 
-inline constexpr int format_version = 1;
+inline constexpr int format_version = 2;
 //! The manifest's name in a checkpoint's directory.
 inline constexpr std::string_view manifest_name = "MANIFEST";
 //! Most files a manifest lists: two per rank, and rank 0's.
@@ -73,6 +77,8 @@ struct manifest {
     lines("root", root);
     lines("per-rank", per_rank);
     out += "end\n";
+    out +=
+        "checksum " + to_hex(checksum::of(std::as_bytes(std::span(out.data(), out.size())))) + "\n";
     return out;
   }
 
@@ -128,8 +134,34 @@ struct manifest {
       return number(w[1], limit);
     };
 
-    if (next_line() != "cohort checkpoint " + std::to_string(format_version)) {
-      fail("not a cohort checkpoint manifest of format " + std::to_string(format_version));
+    const std::string_view whole = text;
+    const std::string_view first = next_line();
+    const bool summed = first == "cohort checkpoint " + std::to_string(format_version);
+    if (!summed && first != "cohort checkpoint 1") {
+      fail("not a cohort checkpoint manifest of format 1 or " + std::to_string(format_version));
+    }
+    if (summed) {
+      // The last line: "checksum " and 16 hexadecimal digits, of all the text before it.
+      constexpr std::size_t last = 9 + 16 + 1;
+      const std::size_t body = whole.size() >= last ? whole.size() - last : 0;
+      if (whole.size() < last || body < first.size() + 1 || whole.substr(body, 9) != "checksum " ||
+          whole.back() != '\n') {
+        line_number = static_cast<std::size_t>(std::count(whole.begin(), whole.end(), '\n'));
+        fail("the manifest does not end with its checksum line (truncated or damaged)");
+      }
+      std::uint64_t said = 0;
+      const char* digits = whole.data() + body + 9;
+      if (std::from_chars(digits, digits + 16, said, 16).ptr != digits + 16) {
+        line_number = static_cast<std::size_t>(std::count(whole.begin(), whole.end(), '\n'));
+        fail("'" + std::string(whole.substr(body, last - 1)) +
+             "' is not a checksum line of 16 hexadecimal digits (damaged)");
+      }
+      const std::uint64_t sum = checksum::of(std::as_bytes(std::span(whole.data(), body)));
+      if (sum != said) {
+        throw checkpoint_error("cohort checkpoint: " + source + " has checksum " + to_hex(sum) +
+                               ", its last line says " + to_hex(said) + " (damaged or replaced)");
+      }
+      text = whole.substr(first.size() + 1, body - first.size() - 1);
     }
     if (expect("byte-order", 2) != (std::endian::native == std::endian::little ? 1u : 2u)) {
       fail("written on a machine of the other byte order");

@@ -89,7 +89,7 @@ struct checkpoint_traits<Params> {
     for (const auto& p : params) {
       const std::string name(parameter_name(p));
       const const_tensor_view v = host_view(p, name);
-      out.put_string(name);
+      out.put_string(name, "a parameter's name");
       out.put<std::uint8_t>(static_cast<std::uint8_t>(v.type));
       out.put_block_borrowed({static_cast<const std::byte*>(v.data), v.size_bytes()});
     }
@@ -158,16 +158,17 @@ requires std::uniform_random_bit_generator<Engine> &&
   is >> e;
 }
 struct checkpoint_traits<Engine> {
+  // mt19937_64's state is 6.6 KB of text; a megabyte is far more than any engine's.
+  static constexpr std::uint64_t random_engine_state_bytes = 1 << 20;
   static constexpr state_scope scope = state_scope::per_rank;
   static constexpr std::string_view kind = "random engine";
   static void save(checkpoint::byte_writer& out, const Engine& engine) {
     std::ostringstream text;
     text << engine;
-    out.put_string(text.str());
+    out.put_string(text.str(), "a random engine's state", random_engine_state_bytes);
   }
   static void load(checkpoint::byte_reader& in, Engine& engine, const load_context&) {
-    // mt19937_64's state is 6.6 KB of text; a megabyte is far more than any engine's.
-    std::istringstream text(in.get_string("a random engine's state", 1 << 20));
+    std::istringstream text(in.get_string("a random engine's state", random_engine_state_bytes));
     Engine read;
     text >> read;
     if (text.fail()) {

@@ -96,6 +96,20 @@ inline verified_step verify_step(const std::filesystem::path& directory, std::ui
     throw checkpoint_error("cohort checkpoint: " + manifest_path.string() + " is of step " +
                            std::to_string(m.step) + " (moved from another checkpoint?)");
   }
+  // The files are the ones cohort names for that many ranks, each once: a manifest that lists
+  // one part many times over (a state it does not hold, read again and again) is damage.
+  const auto require_name = [&](const file_record& record, const std::string& name) {
+    if (record.name != name) {
+      throw checkpoint_error("cohort checkpoint: " + manifest_path.string() + " lists '" +
+                             record.name + "' where a checkpoint of " + std::to_string(m.ranks) +
+                             " ranks has '" + name + "' (damaged or edited)");
+    }
+  };
+  for (int i = 0; i < m.ranks; ++i) {
+    require_name(m.replicated[static_cast<std::size_t>(i)], part_name("replicated", i, m.ranks));
+    require_name(m.per_rank[static_cast<std::size_t>(i)], part_name("rank", i, m.ranks));
+  }
+  require_name(m.root.front(), root_name(m.ranks));
   verified_step v;
   v.saved_ranks = m.ranks;
   // Each part is checked against its own checksum as it is read, each rank starting with a

@@ -40,7 +40,8 @@ struct distributed_optimizer_options {
   //! them, on cohort's thread) and updates with the previous step's, already reduced while this
   //! step computed. Communication then hides entirely behind compute, at the price of gradients
   //! one step stale and a second copy of them. The first step only starts a reduction; `finish()`
-  //! applies the last one. Needs an overlapping (host) strategy and MPI_THREAD_MULTIPLE.
+  //! applies the last one. Needs an overlapping (host) strategy and MPI_THREAD_MULTIPLE. A
+  //! checkpoint does not hold the reduction in flight: call `finish()` before saving one.
   bool double_buffering = false;
 };
 

@@ -69,8 +69,8 @@ struct checkpoint_traits<torch::module_state_ref> {
     out.put<std::uint64_t>(state.tensors.size());
     for (const torch::parameter& p : state.tensors) {
       const at::Tensor host = p.value.detach().to(at::kCPU).contiguous();
-      out.put_string(p.name);
-      out.put_string(std::string(c10::toString(host.scalar_type())));
+      out.put_string(p.name, "a parameter's name");
+      out.put_string(std::string(c10::toString(host.scalar_type())), "a dtype's name", 64);
       out.put<std::uint64_t>(static_cast<std::uint64_t>(host.dim()));
       for (const std::int64_t extent : host.sizes()) {
         out.put<std::int64_t>(extent);
@@ -146,7 +146,7 @@ struct checkpoint_traits<torch::optimizer_state_ref> {
         torch::detail::optimizer_parameter_names(*state.optimizer, state.named);
     out.put<std::uint64_t>(names.size());
     for (const std::string& name : names) {
-      out.put_string(name);
+      out.put_string(name, "a parameter's name");
     }
     const torch::detail::state_message message = torch::detail::save_state(*state.optimizer);
     if (!message.failure.empty()) {
@@ -154,7 +154,7 @@ struct checkpoint_traits<torch::optimizer_state_ref> {
                              message.failure);
     }
     out.put<std::uint64_t>(message.states);
-    out.put_string(message.bytes);
+    out.put_string(message.bytes, "the optimizer's state", UINT64_MAX);
   }
 
   static void load(checkpoint::byte_reader& in, torch::optimizer_state_ref& state,
