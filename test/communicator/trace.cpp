@@ -355,17 +355,19 @@ BOOST_AUTO_TEST_CASE(two_threads_recording_at_once_lose_no_span) {
 BOOST_AUTO_TEST_CASE(small_collectives_are_reduced_in_their_agreement) {
   // What tells that the data rode the agreement (the results are the same either way): the
   // agreement's span is "agreement and reduce", with the bytes it carried, and no "reduce" of a
-  // bucket follows; past 16 KiB the agreement carries nothing and MPI reduces.
+  // bucket follows; past liveness::max_carried_bytes the agreement carries nothing and MPI
+  // reduces.
   auto probe = cohort::make_communicator<cohort::flat>();
   const std::filesystem::path dir = fresh_directory(probe, "carried");
   {
     auto comm = cohort::make_communicator<cohort::flat>({.trace_directory = dir.string()});
     std::vector<float> small(1024, 1.0f); // 4 KiB
-    std::vector<float> large(8192, 1.0f); // 32 KiB
+    // Twice the most an agreement carries.
+    std::vector<float> large(2 * cohort::detail::liveness::max_carried_bytes / sizeof(float), 1.0f);
     comm.allreduce(small);
     comm.allreduce(large);
     BOOST_TEST(small[1023] == static_cast<float>(comm.size()));
-    BOOST_TEST(large[8191] == static_cast<float>(comm.size()));
+    BOOST_TEST(large.back() == static_cast<float>(comm.size()));
     // One packed bucket of 16 bytes: a blocking step carried whole.
     std::vector<float> value(4, 0.0f);
     std::vector<float> grad(4, 1.0f);
@@ -389,7 +391,7 @@ BOOST_AUTO_TEST_CASE(small_collectives_are_reduced_in_their_agreement) {
     BOOST_TEST(carried[0].bytes == 4096u);
     BOOST_TEST(carried[1].operation == "allreduce_grad");
     BOOST_TEST(carried[1].bytes == 16u);
-    BOOST_TEST(plain.size() == 1u);                 // the 32 KiB one
+    BOOST_TEST(plain.size() == 1u);                 // the large one
     BOOST_TEST(named(events, "reduce", 0).empty()); // no bucket went to MPI
   }
   remove_directory(probe, dir);

@@ -16,7 +16,8 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! Two levels, for nodes with fast links inside and one network link out (ChainerMN's
 //! hierarchical): each bucket is reduced to the node's first rank over `Intra`, all-reduced
 //! among the nodes' first ranks over `Inter`, and broadcast back inside the node over `Intra`.
-//! Only one rank per node uses the network. Nodes may differ in size.
+//! Only one rank per node uses the network. Nodes may differ in size. On one node, one
+//! all-reduce over `Intra` is the whole exchange.
 template <class Intra = mpi_links, class Inter = mpi_links>
 class hierarchical : public basic_communicator<hierarchical<Intra, Inter>> {
   static_assert(
@@ -39,8 +40,14 @@ private:
   static constexpr bool exchange_is_allreduce = true;
 
   void exchange(tensor_view bucket, reduce_op op) {
-    // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
     const std::size_t segment = this->options().segment_bytes;
+    if (this->inter_size() == 1) {
+      // One node: the whole exchange is one all-reduce over it, which MPI does in one pass where
+      // a reduce and then a broadcast take two (ChainerMN's hierarchical took them).
+      detail::mpi_link<Intra>{this->grad_intra_comm(), segment}.allreduce(bucket, op);
+      return;
+    }
+    // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
     detail::hierarchical_exchange(detail::mpi_link<Intra>{this->grad_intra_comm(), segment},
                                   detail::mpi_link<Inter>{this->grad_inter_comm(), segment},
                                   this->intra_rank() == 0, bucket, op);

@@ -45,7 +45,8 @@ void require_equal_node_sizes(Communicator& comm, std::string_view strategy) {
 //! ranks, and the shards are all-gathered inside the node. Every rank uses the network, each for
 //! 1/(ranks per node) of the bytes. The nodes must have the same number of ranks (the shards of
 //! rank i must line up across nodes): otherwise construction throws on every rank. `Intra` is
-//! `mpi_links` (cohort's ring on MPI) here, or `nccl_links` on GPUs (<cohort/nccl.hpp>).
+//! `mpi_links` (cohort's ring on MPI) here, or `nccl_links` on GPUs (<cohort/nccl.hpp>). On one
+//! node, one all-reduce over `Intra` is the whole exchange.
 template <class Intra = mpi_links, class Inter = mpi_links>
 class two_dimensional : public basic_communicator<two_dimensional<Intra, Inter>> {
   static_assert(!std::is_same_v<Intra, nccl_links>,
@@ -79,10 +80,20 @@ private:
   // The ring's buffers, grown before the ranks agree to reduce (an allocation that fails here is
   // an error on every rank; inside the ring it would leave the others waiting).
   void prepare_exchange(const detail::bucket& bucket) {
-    ring_.prepare(bucket.count, bucket.plan.wire, this->intra_size(), {});
+    if (this->inter_size() > 1) {
+      ring_.prepare(bucket.count, bucket.plan.wire, this->intra_size(), {});
+    }
   }
 
   void exchange(tensor_view bucket, reduce_op op) {
+    if (this->inter_size() == 1) {
+      // One node: nothing to split across nodes, and MPI's all-reduce over the node beats the
+      // ring's reduce-scatter and all-gather there (32 KiB-16 MiB: the ring 1.07-1.68x raw MPI,
+      // bench/results-plot-allreduce-np2.txt), so the ring is not chosen where it loses.
+      detail::mpi_link<Intra>{this->grad_intra_comm(), this->options().segment_bytes}.allreduce(
+          bucket, op);
+      return;
+    }
     detail::two_dimensional_exchange(
         detail::mpi_ring_link{this->grad_intra_comm(), this->intra_rank(), this->intra_size(),
                               ring_},

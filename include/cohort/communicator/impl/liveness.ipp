@@ -88,10 +88,11 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
     const std::size_t train = prefix_bytes + static_cast<std::size_t>(theirs);
     if (static_cast<std::size_t>(count) < prefix_bytes || theirs > max_carried_bytes ||
         static_cast<std::size_t>(count) != std::min(eager_bytes, train)) {
-      throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
-                           std::to_string(rank_) + ": a rendezvous message of " +
-                           std::to_string(count) + " bytes from rank " + std::to_string(peer) +
-                           " (not a cohort agreement of this version?)");
+      // Not a message of this protocol: what else the peer sent, and what it waits for, cannot
+      // be known, so no rank can go on (a throw here would leave the others waiting).
+      end_job("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+              ": a rendezvous message of " + std::to_string(count) + " bytes from rank " +
+              std::to_string(peer) + " (not a cohort agreement of this version?); ending the job");
     }
     std::size_t pieces = 0;
     for (std::size_t at = eager_bytes; at < train; at += eager_bytes, ++pieces) {
@@ -106,12 +107,11 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
       mpi::check(MPI_Get_count(&rest_statuses[max_pieces + k], MPI_BYTE, &count),
                  "MPI_Get_count (agreement check)", comm);
       if (static_cast<std::size_t>(count) != std::min(eager_bytes, train - at)) {
-        throw mismatch_error("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank_) + ": a rendezvous message of " +
-                             std::to_string(count) + " bytes from rank " + std::to_string(peer) +
-                             " where its train said " +
-                             std::to_string(std::min(eager_bytes, train - at)) +
-                             " (not a cohort agreement of this version?)");
+        end_job("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+                ": a rendezvous message of " + std::to_string(count) + " bytes from rank " +
+                std::to_string(peer) + " where its train said " +
+                std::to_string(std::min(eager_bytes, train - at)) +
+                " (not a cohort agreement of this version?); ending the job");
       }
     }
     std::memcpy(incoming.data(), buffers.incoming.data(), header_bytes);
