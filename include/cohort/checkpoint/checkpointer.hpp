@@ -443,19 +443,9 @@ private:
   // written again). Collective: when resume returns, they are gone.
   void set_aside_newer_than(std::optional<std::uint64_t> step) {
     if (comm_.rank() == 0) {
-      // Never throws (the other ranks wait for rank 0 below): listed first, then renamed.
-      const std::vector<std::string> later = checkpoint::names_later_than(directory_, step);
-      std::error_code code;
-      for (const std::string& name : later) {
-        std::filesystem::path aside = directory_ / ("set-aside-" + name);
-        for (int i = 1; std::filesystem::exists(aside, code); ++i) {
-          aside = directory_ / ("set-aside-" + name + "." + std::to_string(i));
-        }
-        std::filesystem::rename(directory_ / name, aside, code);
-        note_skipped(code ? "could not set " + name + " aside: " + code.message()
-                          : name + " set aside as " + aside.filename().string() +
-                                (step ? " (a later step than the one resumed)"
-                                      : " (nothing could be resumed)"));
+      // Never throws (the other ranks wait for rank 0 below).
+      for (std::string& note : checkpoint::set_aside_later_than(directory_, step)) {
+        note_skipped(std::move(note));
       }
     }
     // Every rank's skipped() the same; and when resume returns, they are set aside.

@@ -96,10 +96,14 @@ inline std::vector<std::string> names_later_than(const std::filesystem::path& di
   return later;
 }
 
-//! The step of a directory `set_aside` renamed ("set-aside-step-<20 digits>", then perhaps
+//! What a directory set aside by a resume is named: this, then its step directory's name.
+inline constexpr std::string_view set_aside_prefix = "set-aside-";
+
+//! The step of a directory `set_aside_later_than` renamed ("set-aside-step-<20 digits>", then
+//! perhaps
 //! ".<n>"), or nothing for any other name.
 inline std::optional<std::uint64_t> set_aside_step_of(const std::string& name) {
-  constexpr std::string_view prefix = "set-aside-";
+  constexpr std::string_view prefix = set_aside_prefix;
   if (name.compare(0, prefix.size(), prefix) != 0 || name.size() < prefix.size() + 25) {
     return std::nullopt;
   }
@@ -110,6 +114,28 @@ inline std::optional<std::uint64_t> set_aside_step_of(const std::string& name) {
     return std::nullopt;
   }
   return step_of(name.substr(prefix.size(), 25));
+}
+
+//! Renames the step directories under `directory` later than `step` (all of them, without one)
+//! to "set-aside-<name>" (then ".<n>" if that is taken), kept for a person to look at; returns
+//! what it did to each, a line each. No error of the file system throws, as in steps_where.
+inline std::vector<std::string> set_aside_later_than(const std::filesystem::path& directory,
+                                                     std::optional<std::uint64_t> step) {
+  std::vector<std::string> notes;
+  std::error_code code;
+  for (const std::string& name : names_later_than(directory, step)) {
+    const std::string base = std::string(set_aside_prefix) + name;
+    std::filesystem::path aside = directory / base;
+    for (int i = 1; std::filesystem::exists(aside, code); ++i) {
+      aside = directory / (base + "." + std::to_string(i));
+    }
+    std::filesystem::rename(directory / name, aside, code);
+    notes.push_back(
+        code ? "could not set " + name + " aside: " + code.message()
+             : name + " set aside as " + aside.filename().string() +
+                   (step ? " (a later step than the one resumed)" : " (nothing could be resumed)"));
+  }
+  return notes;
 }
 
 //! Keeps the newest `keep` complete checkpoints under `directory`, and always the one of step
