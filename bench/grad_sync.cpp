@@ -41,6 +41,9 @@ struct row {
   std::string layout; // how the tensors are grouped
   std::function<void()> run;
   std::function<std::size_t()> collectives;
+  // Rows whose gradients live elsewhere than the shared model's (in a shared window).
+  std::function<void(float)> fill{};
+  std::function<std::size_t(float)> count_not_equal{};
 };
 
 int run(int argc, char** argv) {
@@ -116,19 +119,44 @@ int run(int argc, char** argv) {
            {.bucket_bytes = elements * sizeof(float),
             .first_bucket_bytes = elements * sizeof(float),
             .fusion_threshold_bytes = elements * sizeof(float)});
+  // The gradients allocated in the node's shared window (issue 14's ResNet-50 row), reduced
+  // there: with flat's buckets (the small tensors packed and reduced through MPI), and with
+  // every tensor in place in the window.
+  using shared_set = bench::basic_gradient_set<cohort::shared_allocator<float>>;
+  std::vector<std::unique_ptr<cohort::shared_memory<>>> shared_comms;
+  std::vector<std::unique_ptr<shared_set>> shared_models;
+  const auto add_shared = [&](std::string name, std::string layout,
+                              cohort::communicator_options options) {
+    // Values and gradients both in the window: 2 x 102 MB.
+    shared_comms.push_back(std::make_unique<cohort::shared_memory<>>(
+        world, options, 2 * elements * sizeof(float) + 2 * mib));
+    cohort::shared_memory<>* comm = shared_comms.back().get();
+    shared_models.push_back(
+        std::make_unique<shared_set>(bench::resnet50_gradients(comm->allocator<float>())));
+    shared_set* grads = shared_models.back().get();
+    rows.push_back({std::move(name), std::move(layout),
+                    [grads, comm] { comm->allreduce_grad(grads->params, cohort::sum{}); },
+                    [comm] { return comm->bucket_count(); }, [grads](float x) { grads->fill(x); },
+                    [grads](float x) { return grads->count_not_equal(x); }});
+  };
+  add_shared("shared_memory", "in the window, flat's buckets", {});
+  add_shared("shared_memory, all", "in the window, every tensor in place",
+             {.fusion_threshold_bytes = 0});
 
   // Verify: every rank gives rank + 1; the sum is n (n + 1) / 2 everywhere.
   const int n = world.size();
   const float expected = static_cast<float>(n) * static_cast<float>(n + 1) / 2;
   for (const auto& r : rows) {
-    model.fill(static_cast<float>(world.rank() + 1));
+    r.fill ? r.fill(static_cast<float>(world.rank() + 1))
+           : model.fill(static_cast<float>(world.rank() + 1));
     std::fill(contiguous.begin(), contiguous.end(), static_cast<float>(world.rank() + 1));
     r.run();
     unsigned long long wrong =
         r.name == "raw MPI_Allreduce"
             ? static_cast<unsigned long long>(std::count_if(contiguous.begin(), contiguous.end(),
                                                             [&](float x) { return x != expected; }))
-            : model.count_not_equal(expected);
+        : r.count_not_equal ? r.count_not_equal(expected)
+                            : model.count_not_equal(expected);
     cohort::mpi::check(
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, raw_comm),
         "MPI_Allreduce (verification)", raw_comm);
@@ -141,7 +169,7 @@ int run(int argc, char** argv) {
   for (int i = 0; i < iters; ++i) {
     for (std::size_t k = 0; k < rows.size(); ++k) {
       // Written first, as backward writes the gradients before they are reduced.
-      model.fill(0.0f);
+      rows[k].fill ? rows[k].fill(0.0f) : model.fill(0.0f);
       std::fill(contiguous.begin(), contiguous.end(), 0.0f);
       samples[k].push_back(bench::time_once(raw_comm, rows[k].run));
     }
@@ -163,6 +191,8 @@ int run(int argc, char** argv) {
     }
   }
   flats.clear(); // (their traces written out)
+  shared_models.clear();
+  shared_comms.clear();
   std::filesystem::remove_all(trace_dir);
   return 0;
 }

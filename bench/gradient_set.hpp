@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,17 +14,23 @@
 namespace bench {
 
 //! A model's gradients as a trainer holds them: each parameter a value and a gradient vector of
-//! float32. The values are never read by allreduce_grad but must be there with the right size, as
-//! in a model. `params` points into the other two, which are not resized after it is built.
-struct gradient_set {
-  std::vector<std::vector<float>> values, grads;
-  std::vector<cohort::parameter_ref<std::vector<float>>> params;
+//! float32, allocated by `Allocator` (a shared window's, say). The values are never read by
+//! allreduce_grad but must be there with the right size, as in a model. `params` points into the
+//! other two, which are not resized after it is built.
+template <class Allocator = std::allocator<float>>
+struct basic_gradient_set {
+  using tensor = std::vector<float, Allocator>;
+  std::vector<tensor> values, grads;
+  std::vector<cohort::parameter_ref<tensor>> params;
 
   //! One parameter per (name, element count), in registration order.
-  explicit gradient_set(const std::vector<std::pair<std::string, std::size_t>>& tensors) {
+  explicit basic_gradient_set(const std::vector<std::pair<std::string, std::size_t>>& tensors,
+                              const Allocator& allocator = Allocator()) {
+    values.reserve(tensors.size());
+    grads.reserve(tensors.size());
     for (const auto& [name, count] : tensors) {
-      values.emplace_back(count, 0.0f);
-      grads.emplace_back(count, 0.0f);
+      values.emplace_back(count, 0.0f, allocator);
+      grads.emplace_back(count, 0.0f, allocator);
     }
     params.reserve(grads.size());
     for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -32,13 +39,13 @@ struct gradient_set {
   }
 
   //! `elements` in all, in tensors of at most `per_tensor`, named layer0, layer1, ...
-  static gradient_set uniform(std::size_t elements, std::size_t per_tensor) {
+  static basic_gradient_set uniform(std::size_t elements, std::size_t per_tensor) {
     std::vector<std::pair<std::string, std::size_t>> tensors;
     for (std::size_t begin = 0; begin < elements; begin += per_tensor) {
       tensors.emplace_back("layer" + std::to_string(tensors.size()),
                            std::min(per_tensor, elements - begin));
     }
-    return gradient_set(tensors);
+    return basic_gradient_set(tensors);
   }
 
   std::size_t elements() const {
@@ -62,5 +69,7 @@ struct gradient_set {
     return wrong;
   }
 };
+
+using gradient_set = basic_gradient_set<>;
 
 } // namespace bench

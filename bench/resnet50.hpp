@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,12 +57,13 @@ struct resnet50 {
 };
 
 //! ResNet-50's gradients as a trainer holds them.
-inline gradient_set resnet50_gradients() {
+template <class Allocator = std::allocator<float>>
+basic_gradient_set<Allocator> resnet50_gradients(const Allocator& allocator = Allocator()) {
   std::vector<std::pair<std::string, std::size_t>> tensors;
   for (const auto& t : resnet50().tensors) {
     tensors.emplace_back(t.name, t.count);
   }
-  return gradient_set(tensors);
+  return basic_gradient_set<Allocator>(tensors, allocator);
 }
 
 } // namespace bench

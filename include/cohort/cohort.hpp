@@ -14,12 +14,14 @@
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/naive.hpp>
 #include <cohort/communicator/options.hpp>
+#include <cohort/communicator/shared_memory.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/functors.hpp>
 #include <cohort/kernels/host.hpp>
+#include <cohort/memory/shared_arena.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/compressed.hpp>
 #include <cohort/reducer/mean.hpp>
