@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -119,6 +120,38 @@ int run(std::string_view mode, int argc, char** argv) {
       opt.step();
     }
     say(world_rank, "trained without noticing the failure");
+    return 0;
+  }
+
+  if (mode == "window_offsets_differ" || mode == "stalled_in_window") {
+    // Gradients in the node's shared window, 1 MiB each (in place: reduced in the window).
+    cohort::shared_memory<> shared(boost::mpi::communicator(), options);
+    using tensor = std::vector<float, cohort::shared_allocator<float>>;
+    const auto alloc = shared.allocator<float>();
+    std::optional<tensor> misplaced;
+    if (mode == "window_offsets_differ" && odd_one) {
+      misplaced.emplace(16, 0.0f, alloc); // its gradients 64 bytes further on than the others'
+    }
+    std::vector<tensor> values, grads;
+    std::vector<cohort::parameter_ref<tensor>> params;
+    for (int t = 0; t < 4; ++t) {
+      values.emplace_back(std::size_t{1} << 18, 0.0f, alloc);
+      grads.emplace_back(std::size_t{1} << 18, 1.0f, alloc);
+    }
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      params.push_back({"layer" + std::to_string(t), &values[t], &grads[t]});
+    }
+    for (int step = 0; step < 200; ++step) {
+      if (mode == "stalled_in_window" && odd_one && step == at) {
+        // Stops itself while the others are, most likely, inside an exchange in the window.
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::raise(SIGSTOP);
+        }).detach();
+      }
+      shared.allreduce_grad(params, cohort::mean{});
+    }
+    say(world_rank, "trained without noticing");
     return 0;
   }
 
