@@ -85,7 +85,7 @@ case "${1:-}" in
              test_communicator_bucket_plan test_communicator_allreduce_grad
              test_communicator_overlap test_communicator_overlap_separate test_communicator_trace
              test_communicator_any_communicator
-             test_communicator_topology test_communicator_failure
+             test_communicator_topology test_communicator_failure test_communicator_shared_memory
              test_training_distributed_optimizer test_training_scatter_dataset
              test_training_evaluator test_adapters_eigen test_adapters_torch
              test_checkpoint_checkpointer test_checkpoint_die_in_save test_checkpoint_full_disk)
