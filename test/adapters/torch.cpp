@@ -64,7 +64,8 @@ double max_relative_difference(const net& a, const net& b) {
 }
 
 // Whether every rank holds exactly rank 0's `t`.
-bool replicas_identical_tensor(cohort::flat& comm, const at::Tensor& t) {
+template <class Communicator>
+bool replicas_identical_tensor(Communicator& comm, const at::Tensor& t) {
   at::Tensor root = t.detach().clone();
   comm.broadcast(root, 0);
   const bool same = torch::equal(root, t.detach());
@@ -72,7 +73,8 @@ bool replicas_identical_tensor(cohort::flat& comm, const at::Tensor& t) {
 }
 
 // Whether every rank holds exactly rank 0's parameters.
-bool replicas_identical(cohort::flat& comm, const net& m) {
+template <class Communicator>
+bool replicas_identical(Communicator& comm, const net& m) {
   bool same = true;
   for (const at::Tensor& p : m->parameters()) {
     same = replicas_identical_tensor(comm, p) && same; // every rank takes part in every check
@@ -92,13 +94,14 @@ struct run_result {
   double difference = 1;   // the largest relative difference from one process
   bool identical = false;  // every replica holds rank 0's parameters, bit for bit
   bool hooks_began = true; // with overlap, backward's hooks began every step's reduction
+  bool in_window = true;   // shared_memory: every gradient lay in the window at every step
 };
 
 // N ranks × batch b against one process × batch N·b, `steps` steps of `make_optimizer`'s
 // optimizer through cohort::torch::distributed_optimizer. Checks nothing itself (it may run on
 // another thread than Boost.Test's): the caller checks the result.
-template <class MakeOptimizer>
-run_result serial_equivalence(cohort::flat& comm, MakeOptimizer make_optimizer,
+template <class Communicator, class MakeOptimizer>
+run_result serial_equivalence(Communicator& comm, MakeOptimizer make_optimizer,
                               run_options run = {}) {
   const int n = comm.size();
   constexpr int per_rank = 4;
@@ -144,6 +147,13 @@ run_result serial_equivalence(cohort::flat& comm, MakeOptimizer make_optimizer,
       opt.zero_grad(run.set_to_none);
       torch::mse_loss(replica->forward(mine), target).backward();
       result.hooks_began = result.hooks_began && comm.grad_sync_pending() == run.overlap;
+      if constexpr (requires { comm.window_exchanges(); }) {
+        for (const at::Tensor& p : replica->parameters()) {
+          result.in_window =
+              result.in_window &&
+              comm.arena()->window().offset_of(p.grad().data_ptr(), p.grad().nbytes()).has_value();
+        }
+      }
       opt.step();
       serial_opt.zero_grad();
       torch::mse_loss(serial->forward(x), y).backward();
@@ -163,6 +173,7 @@ void check(const run_result& r) {
   BOOST_TEST(r.difference <= 1e-5);
   BOOST_TEST(r.identical);
   BOOST_TEST(r.hooks_began);
+  BOOST_TEST(r.in_window);
 }
 
 torch::optim::SGD sgd_momentum(std::vector<at::Tensor> p) {
@@ -267,6 +278,17 @@ BOOST_AUTO_TEST_CASE(adam_and_adamw_on_n_ranks_match_one_process) {
   check(serial_equivalence(comm, adam, {.overlap = true}));
   check(serial_equivalence(comm, adam, {.set_to_none = false}));
   check(serial_equivalence(comm, adamw, {.overlap = true}));
+}
+
+BOOST_AUTO_TEST_CASE(gradients_live_and_are_reduced_in_the_shared_window) {
+  // Every gradient in place (the model's are small), so every one in the window: blocking and
+  // overlapped, whether zero_grad asks for none or zeros (kept in the window either way).
+  cohort::shared_memory<> comm(boost::mpi::communicator(), {.fusion_threshold_bytes = 0});
+  check(serial_equivalence(comm, sgd_momentum));
+  check(serial_equivalence(comm, sgd_momentum, {.overlap = true}));
+  check(serial_equivalence(comm, adam, {.overlap = true, .set_to_none = false}));
+  BOOST_TEST(comm.window_exchanges() > 0u);
+  BOOST_TEST(comm.arena()->spilled_bytes() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(lbfgs_reduces_every_evaluation_of_its_closure) {

@@ -181,7 +181,7 @@ BOOST_AUTO_TEST_CASE(every_dtype_reduced_in_the_window) {
   auto comm = cohort::make_communicator<cohort::shared_memory<>>({.fusion_threshold_bytes = 0});
   check_every_dtype(comm);
   BOOST_TEST(comm.window_exchanges() > 0u);
-  BOOST_TEST(comm.arena().spilled_bytes() == 0u);
+  BOOST_TEST(comm.arena()->spilled_bytes() == 0u);
   // The defaults: the small tensors packed and reduced through MPI, beside the window.
   auto defaults = cohort::make_communicator<cohort::shared_memory<>>();
   check_every_dtype(defaults);
@@ -272,7 +272,7 @@ BOOST_AUTO_TEST_CASE(steady_state_allocates_nothing) {
 
 BOOST_AUTO_TEST_CASE(the_arena_spills_to_the_heap_when_full_and_reuses_what_is_freed) {
   cohort::shared_memory<> comm(boost::mpi::communicator(), {.fusion_threshold_bytes = 0}, 4096);
-  const auto& arena = comm.arena();
+  const cohort::shared_arena& arena = *comm.arena();
   BOOST_TEST(arena.capacity() == 4096u);
   {
     const auto alloc = comm.allocator<float>();

@@ -63,7 +63,8 @@ public:
   shared_allocator<T> allocator() const noexcept {
     return shared_allocator<T>(window_->arena);
   }
-  const shared_arena& arena() const noexcept { return *window_->arena; }
+  //! This rank's share of the window (what it holds, what spilled to the heap).
+  const std::shared_ptr<shared_arena>& arena() const noexcept { return window_->arena; }
 
   //! Buckets reduced in the window so far; the others went through MPI.
   std::uint64_t window_exchanges() const noexcept {

@@ -19,6 +19,7 @@
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
+#include <cohort/memory/shared_arena.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/reducer/mean.hpp>
@@ -27,8 +28,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,6 +82,33 @@ constexpr bool may_reduce_device_memory() {
   return reduces_device_memory<Communicator>() || requires {
     requires Communicator::may_reduce_gpu_memory;
   };
+}
+
+// A communicator whose ranks share a window the gradients may live in (shared_memory).
+template <class Communicator>
+concept shares_a_window = requires(const Communicator& c) {
+  { c.arena() } -> std::convertible_to<const std::shared_ptr<shared_arena>&>;
+};
+
+// A zero gradient for `value`: in the communicator's shared window where it has one and the
+// value is a dense CPU tensor, so that it is reduced there (in the same order on every rank, so
+// at the same offsets); else LibTorch's own. What does not fit comes from LibTorch.
+template <class Communicator>
+at::Tensor zero_gradient(const Communicator& comm, const at::Tensor& value) {
+  if constexpr (shares_a_window<Communicator>) {
+    if (value.device().is_cpu() && value.layout() == c10::kStrided) {
+      std::shared_ptr<shared_arena> arena = comm.arena();
+      const std::size_t bytes = static_cast<std::size_t>(value.numel()) * value.element_size();
+      if (void* p = arena->allocate(bytes)) {
+        std::memset(p, 0, bytes);
+        return at::from_blob(
+            p, value.sizes(),
+            [arena = std::move(arena), bytes](void* q) { arena->deallocate(q, bytes); },
+            value.options().requires_grad(false));
+      }
+    }
+  }
+  return at::zeros_like(value);
 }
 
 } // namespace detail
@@ -139,6 +169,17 @@ public:
       comm.broadcast_parameters(rest, options_.root);
     }
     broadcast_optimizer_state(comm, inner(), torch::all_parameters(module), options_.root);
+    if constexpr (detail::shares_a_window<Communicator>) {
+      // Every gradient in the window from the start, kept there by zero_grad.
+      const ::torch::NoGradGuard no_grad;
+      for (parameter& p : params_) {
+        at::Tensor grad = detail::zero_gradient(comm, p.value);
+        if (p.value.grad().defined()) {
+          grad.copy_(p.value.grad());
+        }
+        p.value.mutable_grad() = grad;
+      }
+    }
     if (overlapping()) {
       try {
         hooks_.reserve(params_.size());
@@ -184,8 +225,12 @@ public:
   }
 
   //! Clears the gradients: undefined with `set_to_none` (LibTorch 2's default, and this one's),
-  //! else zeros in place.
+  //! else zeros in place. Over a communicator whose gradients live in a shared window
+  //! (`shared_memory`), always zeros in place, so that they stay there.
   void zero_grad(bool set_to_none = true) {
+    if constexpr (detail::shares_a_window<Communicator>) {
+      set_to_none = false;
+    }
     {
       // A new step: even a backward that failed before its final callback is over.
       const std::lock_guard lock(mutex_);
@@ -396,7 +441,7 @@ private:
     const ::torch::NoGradGuard no_grad;
     for (parameter& p : params_) {
       if (!p.value.mutable_grad().defined()) {
-        p.value.mutable_grad() = at::zeros_like(p.value);
+        p.value.mutable_grad() = detail::zero_gradient(comm(), p.value);
       }
     }
   }
