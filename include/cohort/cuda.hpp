@@ -19,4 +19,5 @@
 #include <cohort/kernels/reduce.cuh>
 #include <cohort/kernels/scale.cuh>
 #include <cohort/tensor/device_span.hpp>
+#include <cohort/trace/nvtx.hpp>
 #include <cohort/transport/cuda.hpp>

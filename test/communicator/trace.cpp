@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -395,4 +396,58 @@ BOOST_AUTO_TEST_CASE(small_collectives_are_reduced_in_their_agreement) {
     BOOST_TEST(named(events, "reduce", 0).empty()); // no bucket went to MPI
   }
   remove_directory(probe, dir);
+}
+
+namespace {
+// A profiler of the test's own in place of NVTX: every range opened and closed, by name.
+struct recorded_ranges {
+  std::mutex mutex;
+  std::vector<std::string> names;
+  std::vector<bool> open;
+};
+recorded_ranges ranges;
+
+std::uint64_t start_range(const char* name) noexcept {
+  const std::lock_guard lock(ranges.mutex);
+  ranges.names.emplace_back(name);
+  ranges.open.push_back(true);
+  return ranges.names.size() - 1;
+}
+void end_range(std::uint64_t range) noexcept {
+  const std::lock_guard lock(ranges.mutex);
+  ranges.open[range] = false;
+}
+std::size_t count(std::string_view name) {
+  return static_cast<std::size_t>(std::count(ranges.names.begin(), ranges.names.end(), name));
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(a_profilers_ranges_cover_steps_agreements_and_buckets_without_a_trace) {
+  // What <cohort/trace/nvtx.hpp> installs in a GPU build, with no trace file written.
+  const cohort::profiler_ranges before = cohort::installed_profiler_ranges;
+  cohort::installed_profiler_ranges = {&start_range, &end_range};
+  {
+    auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 4096});
+    cohort::test::model<double> m(comm.size(), comm.rank());
+    comm.allreduce_grad(m.params, cohort::sum{});
+    auto request = comm.begin_allreduce_grad(m.params, cohort::sum{});
+    for (std::size_t t = m.params.size(); t-- > 0;) {
+      request.ready(t);
+    }
+    request.wait();
+    cohort::installed_profiler_ranges = before;
+    const std::size_t buckets = comm.bucket_count();
+    const std::lock_guard lock(ranges.mutex);
+    BOOST_TEST(count("allreduce_grad (blocking)") == 1u);
+    BOOST_TEST(count("allreduce_grad (overlapped)") == 1u);
+    BOOST_TEST(count("wait") == 1u);
+    // Each step's agreement and each overlapped bucket's; every bucket reduced once per step,
+    // the packed ones (the small tensors: the larger are reduced in place) packed and unpacked.
+    BOOST_TEST(count("agreement") >= 2 + buckets);
+    BOOST_TEST(count("reduce") == 2 * buckets);
+    BOOST_TEST(count("pack") >= 2u);
+    BOOST_TEST(count("pack") < 2 * buckets);
+    BOOST_TEST(count("unpack") == count("pack"));
+    BOOST_TEST(std::none_of(ranges.open.begin(), ranges.open.end(), [](bool o) { return o; }));
+  }
 }

@@ -182,3 +182,15 @@ BOOST_AUTO_TEST_CASE(parameters_in_host_memory_go_through_mpi_on_a_device_strate
   comm.broadcast_parameters(params, comm.size() - 1);
   BOOST_CHECK(value == std::vector<float>(5, static_cast<float>(comm.size())));
 }
+
+BOOST_AUTO_TEST_CASE(nvtx_ranges_cover_every_span_in_a_program_that_includes_cohort_nccl) {
+  // <cohort/trace/nvtx.hpp> came in with <cohort/nccl.hpp>: every span of the trace, here a host
+  // strategy's step, opens an NVTX range, which with no tool attached costs a null check.
+  BOOST_CHECK(cohort::installed_profiler_ranges.start == &cohort::detail::nvtx_start);
+  BOOST_CHECK(cohort::installed_profiler_ranges.end == &cohort::detail::nvtx_end);
+  auto comm = cohort::make_communicator<cohort::flat>();
+  std::vector<float> value(1000), grad(1000, 1.0f);
+  std::vector<cohort::parameter_ref<std::vector<float>>> params{{"w", &value, &grad}};
+  comm.allreduce_grad(params, cohort::sum{});
+  BOOST_CHECK_EQUAL(grad[999], static_cast<float>(comm.size()));
+}

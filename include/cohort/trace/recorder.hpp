@@ -361,8 +361,47 @@ private:
   bool writing_ = false;
 };
 
-//! Records the span from its construction to its end into `recorder`, if not null: a branch,
-//! and nothing else, when tracing is off.
+//! A profiler's ranges, which every span of cohort's opens and closes whether or not a trace file
+//! is written: <cohort/trace/nvtx.hpp> installs NVTX's (Nsight Systems' timeline then shows each
+//! step, agreement, pack, reduce and unpack), in every program that includes it, as a GPU build
+//! does. Null by default: one branch per span. Installed before main, read only after.
+struct profiler_ranges {
+  std::uint64_t (*start)(const char* name) noexcept = nullptr;
+  void (*end)(std::uint64_t range) noexcept = nullptr;
+};
+inline profiler_ranges installed_profiler_ranges{};
+
+//! A profiler range from `open` (or construction) to `close` (or destruction); nothing when no
+//! profiler is installed.
+class profiler_range {
+public:
+  profiler_range() = default;
+  explicit profiler_range(const char* name) noexcept { open(name); }
+  ~profiler_range() { close(); }
+  profiler_range(const profiler_range&) = delete;
+  profiler_range& operator=(const profiler_range&) = delete;
+
+  void open(const char* name) noexcept {
+    close();
+    if (installed_profiler_ranges.start != nullptr) {
+      range_ = installed_profiler_ranges.start(name);
+      open_ = true;
+    }
+  }
+  void close() noexcept {
+    if (open_) {
+      installed_profiler_ranges.end(range_);
+      open_ = false;
+    }
+  }
+
+private:
+  std::uint64_t range_ = 0;
+  bool open_ = false;
+};
+
+//! Records the span from its construction to its end into `recorder`, if not null, and opens a
+//! profiler range for it if one is installed: two branches, and nothing else, when both are off.
 class trace_span {
 public:
   trace_span(trace_recorder* recorder, const char* name, trace_thread thread,
@@ -373,7 +412,8 @@ public:
       , thread_(thread)
       , bytes_(bytes)
       , bucket_(bucket)
-      , operation_(operation) {
+      , operation_(operation)
+      , range_(name) {
     if (recorder_ != nullptr) {
       start_ = trace_recorder::clock::now();
     }
@@ -401,6 +441,7 @@ private:
   std::uint64_t bytes_;
   std::int64_t bucket_;
   const char* operation_;
+  profiler_range range_;
   trace_recorder::clock::time_point start_{};
 };
 

@@ -21,6 +21,7 @@
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/trace/recorder.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <mpi.h>
@@ -199,6 +200,7 @@ private:
   // For the trace (only read when it is on): when the step began, and since when cohort's
   // thread has been waiting for its next bucket's gradients.
   std::chrono::steady_clock::time_point step_began_{};
+  profiler_range step_range_; // an overlapped step's, from begin to finish (or abandon)
   std::chrono::steady_clock::time_point reducer_idle_since_{};
   // Counted by the caller's thread, and by cohort's in reduce_bucket while a step is in flight
   // (the caller reads it only after finish has waited for that thread).

@@ -45,6 +45,7 @@ inline auto traced_exchange(const strategy_ref& s, trace_recorder* trace, trace_
 COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref& s,
                                             const reduction_table& table, missing_grad missing,
                                             std::string problem) {
+  const profiler_range step("allreduce_grad (blocking)");
   const auto start = std::chrono::steady_clock::now();
   const bool carried = validate(c, s, table, missing, "blocking", std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
@@ -104,6 +105,7 @@ COHORT_DECL void grad_sync::require_overlap_possible(const checks& c, const void
 COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Comm world,
                                   const reduction_table& table, missing_grad missing,
                                   const void* owner, std::string problem) {
+  step_range_.open("allreduce_grad (overlapped)");
   if (c.trace() != nullptr) {
     step_began_ = std::chrono::steady_clock::now();
   }
@@ -187,9 +189,11 @@ COHORT_DECL void grad_sync::finish() {
       }
       const std::lock_guard lock(g.mutex_);
       g.pending_ = false;
+      g.step_range_.close();
     }
   } done{*this};
   const checks& c = *checks_;
+  const profiler_range waiting("wait");
   // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
   worker_->wait();
   // A problem found after the last bucket left (a gradient marked twice, say): an error on
