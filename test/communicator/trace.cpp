@@ -39,6 +39,8 @@ struct event {
   std::uint64_t bytes = 0;
   long long bucket = -1;
   int communicator = 0;
+  // A blocking step carried in its agreement: its phases, in microseconds (else negative).
+  double pack = -1, agreed = -1, unpack = -1;
 
   double end() const { return ts + dur; }
 };
@@ -68,6 +70,11 @@ std::vector<event> read_trace(const std::filesystem::path& file) {
     e.operation = node.get<std::string>("args.operation", "");
     e.bytes = std::stoull(text("args.bytes"));
     e.bucket = std::stoll(text("args.bucket"));
+    if (const auto agreed = node.get_optional<std::string>("args.agreement and reduce")) {
+      e.agreed = std::stod(*agreed);
+      e.pack = std::stod(text("args.pack"));
+      e.unpack = std::stod(text("args.unpack"));
+    }
     events.push_back(e);
   }
   return events;
@@ -322,8 +329,8 @@ BOOST_AUTO_TEST_CASE(communicators_traced_at_once_write_files_of_their_own) {
 }
 
 BOOST_AUTO_TEST_CASE(two_threads_recording_at_once_lose_no_span) {
-  // Both rows at once, past several 1 MiB writes (each done outside the lock while the other
-  // thread goes on recording): every span is in the file once, in each thread's order.
+  // Both rows at once, past several batches (each written by the recorder's own thread while
+  // these go on recording): every span is in the file once, in each thread's order.
   auto comm = cohort::make_communicator<cohort::flat>();
   const std::filesystem::path dir = fresh_directory(comm, "threads");
   constexpr int spans = 20000; // about 4 MB of events each
@@ -333,7 +340,7 @@ BOOST_AUTO_TEST_CASE(two_threads_recording_at_once_lose_no_span) {
     file = recorder.file();
     const auto record = [&recorder](cohort::trace_thread thread) {
       for (int i = 0; i < spans; ++i) {
-        const auto now = cohort::trace_recorder::clock::now();
+        const std::uint64_t now = cohort::trace_ticks::now();
         recorder.span("reduce", thread, now, now, 8, i);
       }
     };
@@ -386,12 +393,26 @@ BOOST_AUTO_TEST_CASE(small_collectives_are_reduced_in_their_agreement) {
       plain.push_back(e);
     }
   }
+  // The step carried in its agreement is one event, its phases as arguments (a step of a few
+  // microseconds traced for the cost of one event).
+  std::vector<event> carried_steps;
+  for (const event& e : named(events, "allreduce_grad", 0)) {
+    if (e.operation == "blocking, carried in the agreement") {
+      carried_steps.push_back(e);
+    }
+  }
   if (probe.size() > 1) {
-    BOOST_TEST_REQUIRE(carried.size() == 2u);
+    BOOST_TEST_REQUIRE(carried.size() == 1u);
     BOOST_TEST(carried[0].operation == "allreduce");
     BOOST_TEST(carried[0].bytes == 4096u);
-    BOOST_TEST(carried[1].operation == "allreduce_grad");
-    BOOST_TEST(carried[1].bytes == 16u);
+    BOOST_TEST_REQUIRE(carried_steps.size() == 1u);
+    const event& step = carried_steps[0];
+    BOOST_TEST(step.bytes == 16u);
+    BOOST_TEST(step.pack >= 0);
+    BOOST_TEST(step.agreed >= 0);
+    BOOST_TEST(step.unpack >= 0);
+    BOOST_TEST(step.pack + step.agreed + step.unpack <= step.dur + 0.01); // inside the step
+    BOOST_TEST(named(events, "pack", 0).empty());
     BOOST_TEST(plain.size() == 1u);                 // the large one
     BOOST_TEST(named(events, "reduce", 0).empty()); // no bucket went to MPI
   }

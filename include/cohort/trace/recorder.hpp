@@ -4,21 +4,25 @@
 // A per-rank trace of what cohort's gradient reductions spend their time on, in the Chrome trace
 // event format (JSON array form), which chrome://tracing and https://ui.perfetto.dev open: one
 // file per rank, `pid` the rank, `tid` 0 the trainer's thread and 1 cohort's reduction thread.
-// Events are appended as they end and written out a megabyte at a time, so that a long run holds
-// no more than that in memory; the array form lets a file cut short by a killed job open all the
-// same (the closing bracket is optional in that format). Time 0 of every rank is the end of the
-// agreement that made the communicator, so that one machine's ranks line up in
-// tools/merge_traces.py's merged view without correction (across machines, to within the clocks'
-// offset).
+// A span costs the recording thread two clock reads and the copy of a few words under a lock; a
+// thread of the recorder's own formats the events and writes them, at least once a second, so that
+// a long run holds no more than a second's events in memory; the array form lets a file cut short
+// by a killed job open all the same (the closing bracket is optional in that format). Time 0 of
+// every rank is the end of the agreement that made the communicator, so that one machine's ranks
+// line up in tools/merge_traces.py's merged view without correction (across machines, to within the
+// clocks' offset).
 
 #include <cohort/config.hpp>
 #include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
+#include <cohort/trace/ticks.hpp>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +33,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -69,7 +74,7 @@ public:
       , strategy_(json_text(strategy))
       , max_bytes_(max_bytes)
       , origin_(clock::now())
-      , last_write_(origin_) {
+      , anchor_(trace_ticks::anchor::take()) {
     std::error_code code;
     std::filesystem::create_directories(directory, code);
     file_.reset(std::fopen(path_.c_str(), "w"));
@@ -79,24 +84,25 @@ public:
                   "): COHORT_TRACE or communicator_options::trace_directory names a directory "
                   "this rank cannot write to");
     }
-    buffer_.reserve(flush_bytes + 1024);
-    outgoing_.reserve(flush_bytes + 1024);
-    buffer_ += "[\n";
+    pending_.reserve(batch_events);
+    taken_.reserve(batch_events);
+    std::string header = "[\n";
     const std::string pid = std::to_string(rank_);
     const std::string of =
         serial_ == 0 ? std::string() : ", communicator " + std::to_string(serial_);
-    buffer_ += R"({"name":"process_name","ph":"M","pid":)" + pid + R"(,"args":{"name":"rank )" +
-               pid + R"("}},)" + "\n";
-    buffer_ += R"({"name":"process_sort_index","ph":"M","pid":)" + pid +
-               R"(,"args":{"sort_index":)" + pid + "}},\n";
-    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
-               std::to_string(tid(trace_thread::trainer)) + R"(,"args":{"name":"trainer)" + of +
-               R"("}},)" + "\n";
-    buffer_ += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
-               std::to_string(tid(trace_thread::reducer)) +
-               R"(,"args":{"name":"cohort reduction thread)" + of + R"("}},)" + "\n";
-    recorded_ = buffer_.size();
-    write(buffer_);
+    header += R"({"name":"process_name","ph":"M","pid":)" + pid + R"(,"args":{"name":"rank )" +
+              pid + R"("}},)" + "\n";
+    header += R"({"name":"process_sort_index","ph":"M","pid":)" + pid +
+              R"(,"args":{"sort_index":)" + pid + "}},\n";
+    header += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
+              std::to_string(tid(trace_thread::trainer)) + R"(,"args":{"name":"trainer)" + of +
+              R"("}},)" + "\n";
+    header += R"({"name":"thread_name","ph":"M","pid":)" + pid + R"(,"tid":)" +
+              std::to_string(tid(trace_thread::reducer)) +
+              R"(,"args":{"name":"cohort reduction thread)" + of + R"("}},)" + "\n";
+    recorded_ = header.size();
+    write(header);
+    writer_ = std::thread([this] { write_in_the_background(); });
     live_recorders& live = recorders();
     const std::lock_guard lock(live.mutex);
     live.list.push_back(this);
@@ -113,75 +119,161 @@ public:
       const std::lock_guard lock(live.mutex);
       std::erase(live.list, this);
     }
-    const std::lock_guard lock(mutex_);
-    buffer_ += R"({"name":"end of trace","ph":"i","s":"p","pid":)" + std::to_string(rank_) +
-               R"(,"tid":)" + std::to_string(tid(trace_thread::trainer)) + R"(,"ts":)" +
-               microseconds(clock::now()) + "}\n]\n";
-    write(buffer_);
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    writer_.join(); // it wrote all that was recorded
+    std::string end = R"({"name":"end of trace","ph":"i","s":"p","pid":)" + std::to_string(rank_) +
+                      R"(,"tid":)" + std::to_string(tid(trace_thread::trainer)) + R"(,"ts":)" +
+                      microseconds(clock::now()) + "}\n]\n";
+    const std::lock_guard file(file_mutex_);
+    write(end);
   }
 
   //! Time 0 of the trace: now (every rank calls this as it leaves the same collective).
   void set_origin() noexcept { origin_ = clock::now(); }
 
-  //! One span that ran from `start` to `end` on `thread`. `bytes` and `bucket` (the bucket's
-  //! index in its plan, or -1) are given as arguments, with `operation` (cohort's name of the
-  //! call it is part of) if not null. Names and operations are cohort's own string literals.
-  void span(const char* name, trace_thread thread, clock::time_point start, clock::time_point end,
+  //! One span that ran from `start` to `end` (`trace_ticks::now()`) on `thread`. `bytes` and
+  //! `bucket` (the bucket's index in its plan, or -1) are given as arguments, with `operation`
+  //! (cohort's name of the call it is part of) if not null. Names and operations are cohort's own
+  //! string literals.
+  void span(const char* name, trace_thread thread, std::uint64_t start, std::uint64_t end,
             std::uint64_t bytes = 0, std::int64_t bucket = -1,
             const char* operation = nullptr) noexcept {
-    // Formatted here, without allocating (a few hundred nanoseconds: bench/allreduce's
-    // flat/traced row), then appended under the lock.
-    line text;
-    text.put(R"({"name":")").put(name).put(R"(","cat":"cohort","ph":"X","pid":)");
-    text.number(rank_).put(R"(,"tid":)").number(tid(thread)).put(R"(,"ts":)");
-    text.microseconds(start - origin_).put(R"(,"dur":)").microseconds(end - start);
-    text.put(R"(,"args":{"strategy":")").put(strategy_).put(R"(","bytes":)").number(bytes);
-    text.put(R"(,"bucket":)").number(bucket);
-    if (operation != nullptr) {
-      text.put(R"(,"operation":")").put(operation).put("\"");
-    }
-    text.put("}},\n");
-    if (!text.whole()) {
+    // Copied as it is; formatted and written by the recorder's thread (bench/allreduce's
+    // flat/traced row: what a span costs the step).
+    const std::lock_guard lock(mutex_);
+    if (full_) {
       return;
     }
-    std::unique_lock lock(mutex_);
-    if (recorded_ + text.size() > max_bytes_) {
-      if (!full_) {
-        full_ = true;
-        line note;
-        note.put(R"({"name":"trace full (max_bytes reached): later events are not recorded",)")
-            .put(R"("ph":"i","s":"p","pid":)")
-            .number(rank_)
-            .put(R"(,"tid":)")
-            .number(tid(trace_thread::trainer))
-            .put(R"(,"ts":)")
-            .microseconds(end - origin_)
-            .put("},\n");
-        buffer_.append(note.view());
+    if (pending_.size() == pending_.capacity()) {
+      if (pending_.size() >= max_pending_events) {
+        return; // the disk has not kept up for that long: these are lost, not the run
       }
+      wake_.notify_one(); // (and the vector grows: the writer is behind)
+    }
+    pending_.push_back({name, operation, start, end, bytes, bucket, thread});
+  }
+
+  //! A blocking step whose one bucket was carried in its agreement: one event, from `start` to
+  //! `end`, its phases as arguments (pack until `phases[1]` from `phases[0]`, the agreement and
+  //! reduction until `phases[2]`, unpack until `end`), so that tracing a step of a few
+  //! microseconds costs one event, not four.
+  void carried_step(std::uint64_t start, const std::array<std::uint64_t, 3>& phases,
+                    std::uint64_t end, std::uint64_t bytes) noexcept {
+    const std::lock_guard lock(mutex_);
+    if (full_ || pending_.size() >= max_pending_events) {
       return;
     }
-    buffer_.append(text.view());
-    recorded_ += text.size();
-    if (writing_ || (buffer_.size() < flush_bytes && end - last_write_ < std::chrono::seconds(1))) {
-      return;
+    if (pending_.size() == pending_.capacity()) {
+      wake_.notify_one();
     }
-    // The full buffer is swapped for the empty spare and written outside the lock, so that the
-    // other thread's spans never wait for the disk; until the write is done, the next flush waits
-    // (the buffer grows meanwhile).
-    last_write_ = end;
-    writing_ = true;
-    std::swap(buffer_, outgoing_);
-    lock.unlock();
-    write(outgoing_);
-    lock.lock();
-    writing_ = false;
+    pending_.push_back({"allreduce_grad", "blocking, carried in the agreement", start, end, bytes,
+                        -1, trace_thread::trainer, true, phases});
   }
 
   const std::filesystem::path& file() const noexcept { return path_; }
 
 private:
-  static constexpr std::size_t flush_bytes = std::size_t{1} << 20;
+  // The events a batch holds before the writer is woken (it also wakes once a second): 768 KiB.
+  static constexpr std::size_t batch_events = 16384;
+  // Past this many unwritten events (a disk that does not keep up), new ones are dropped.
+  static constexpr std::size_t max_pending_events = 64 * batch_events;
+
+  struct event {
+    const char* name;
+    const char* operation;
+    std::uint64_t start; // trace_ticks
+    std::uint64_t end;
+    std::uint64_t bytes;
+    std::int64_t bucket;
+    trace_thread thread;
+    bool carried = false; // a step carried in its agreement: its phases end at `phases`
+    std::array<std::uint64_t, 3> phases{};
+  };
+
+  // The writer: at least once a second (sooner when a batch is full), takes the events recorded
+  // and writes them, formatted, until the recorder stops.
+  void write_in_the_background() noexcept {
+    for (bool stop = false; !stop;) {
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait_for(lock, std::chrono::seconds(1),
+                       [&] { return stopping_ || pending_.size() >= batch_events; });
+      }
+      const std::lock_guard file(file_mutex_); // (before mutex_, as everywhere)
+      trace_ticks::anchor now{};
+      {
+        const std::lock_guard lock(mutex_);
+        now = trace_ticks::anchor::take(); // after every event taken
+        std::swap(pending_, taken_);
+        stop = stopping_;
+      }
+      write_events(taken_, now);
+      taken_.clear();
+    }
+  }
+
+  // Formats and writes `events`, recorded between the last anchor and `now` (under file_mutex_).
+  // Past max_bytes_, a note instead, and nothing more is recorded.
+  void write_events(const std::vector<event>& events, const trace_ticks::anchor& now) noexcept {
+    const trace_ticks::anchor from = std::exchange(anchor_, now);
+    if (events.empty()) {
+      return;
+    }
+    try {
+      std::string text;
+      text.reserve(events.size() * 200);
+      for (const event& e : events) {
+        const clock::time_point start = trace_ticks::to_time(e.start, from, now);
+        const clock::time_point end = trace_ticks::to_time(e.end, from, now);
+        line one;
+        one.put(R"({"name":")").put(e.name).put(R"(","cat":"cohort","ph":"X","pid":)");
+        one.number(rank_).put(R"(,"tid":)").number(tid(e.thread)).put(R"(,"ts":)");
+        one.microseconds(start - origin_).put(R"(,"dur":)").microseconds(end - start);
+        one.put(R"(,"args":{"strategy":")").put(strategy_).put(R"(","bytes":)").number(e.bytes);
+        one.put(R"(,"bucket":)").number(e.bucket);
+        if (e.operation != nullptr) {
+          one.put(R"(,"operation":")").put(e.operation).put("\"");
+        }
+        if (e.carried) {
+          const auto at = [&](std::uint64_t ticks) {
+            return trace_ticks::to_time(ticks, from, now);
+          };
+          one.put(R"(,"pack":)").microseconds(at(e.phases[1]) - at(e.phases[0]));
+          one.put(R"(,"agreement and reduce":)").microseconds(at(e.phases[2]) - at(e.phases[1]));
+          one.put(R"(,"unpack":)").microseconds(end - at(e.phases[2]));
+        }
+        one.put("}},\n");
+        if (!one.whole()) {
+          continue;
+        }
+        if (recorded_ + one.size() > max_bytes_) {
+          line note;
+          note.put(R"({"name":"trace full (max_bytes reached): later events are not recorded",)")
+              .put(R"("ph":"i","s":"p","pid":)")
+              .number(rank_)
+              .put(R"(,"tid":)")
+              .number(tid(trace_thread::trainer))
+              .put(R"(,"ts":)")
+              .microseconds(start - origin_)
+              .put("},\n");
+          text.append(note.view());
+          const std::lock_guard lock(mutex_);
+          full_ = true;
+          pending_.clear();
+          break;
+        }
+        text.append(one.view());
+        recorded_ += one.size();
+      }
+      write(text);
+    } catch (...) {
+      // (no memory to format them: these events are lost, not the run)
+    }
+  }
 
   // The communicators traced in this process, in the order they were made (the same on every
   // rank: communicators are made collectively).
@@ -270,11 +362,10 @@ private:
     return std::string(text.view());
   }
 
-  // Writes and empties `text` (buffer_ under mutex_, or outgoing_ by the one thread that swapped
-  // it out). A write that fails (a full disk) loses those events, not the run: a trace is a
-  // diagnostic, and what was written before stays readable.
+  // Writes and empties `text` (under file_mutex_, or before the writer starts). A write that fails
+  // (a full disk) loses those events, not the run: a trace is a diagnostic, and what was written
+  // before stays readable.
   void write(std::string& text) noexcept {
-    const std::lock_guard lock(file_mutex_);
     if (!text.empty() && file_) {
       std::fwrite(text.data(), 1, text.size(), file_.get());
       std::fflush(file_.get());
@@ -321,27 +412,33 @@ private:
   }
 
   void write_before_end_of_job(const std::string& message) noexcept {
-    if (!lock_within_100ms(mutex_)) {
-      return;
-    }
-    const std::lock_guard lock(mutex_, std::adopt_lock);
+    // file_mutex_ first, as the writer takes them: it may be writing a batch, which then goes
+    // first.
     if (!lock_within_100ms(file_mutex_)) {
       return;
     }
     const std::lock_guard file(file_mutex_, std::adopt_lock);
+    if (!lock_within_100ms(mutex_)) {
+      return;
+    }
+    std::vector<event> rest;
+    trace_ticks::anchor now{};
+    {
+      const std::lock_guard lock(mutex_, std::adopt_lock);
+      now = trace_ticks::anchor::take();
+      rest.swap(pending_);
+    }
+    write_events(rest, now);
     try {
-      buffer_ += R"({"name":"job ended by cohort","ph":"i","s":"g","pid":)" +
-                 std::to_string(rank_) + R"(,"tid":)" + std::to_string(tid(this_trace_thread())) +
-                 R"(,"ts":)" + microseconds(clock::now()) + R"(,"args":{"message":")" +
-                 json_text(message, message.size()) + "\"}},\n";
+      std::string text = R"({"name":"job ended by cohort","ph":"i","s":"g","pid":)" +
+                         std::to_string(rank_) + R"(,"tid":)" +
+                         std::to_string(tid(this_trace_thread())) + R"(,"ts":)" +
+                         microseconds(clock::now()) + R"(,"args":{"message":")" +
+                         json_text(message, message.size()) + "\"}},\n";
+      write(text);
     } catch (...) {
-      // (no memory for the event: the spans are still written)
+      // (no memory for the event: the spans are written)
     }
-    if (!buffer_.empty() && file_) {
-      std::fwrite(buffer_.data(), 1, buffer_.size(), file_.get());
-      std::fflush(file_.get());
-    }
-    buffer_.clear();
   }
 
   int serial_;
@@ -350,15 +447,17 @@ private:
   std::string strategy_;
   std::uint64_t max_bytes_;
   clock::time_point origin_;
-  clock::time_point last_write_; // under mutex_
   std::unique_ptr<std::FILE, closer> file_;
-  std::mutex mutex_;      // buffer_, recorded_, full_, writing_, last_write_
-  std::mutex file_mutex_; // the file
-  std::string buffer_;
-  std::string outgoing_; // the buffer being written, by the thread that set writing_
-  std::uint64_t recorded_ = 0;
+  std::mutex file_mutex_;        // the file, recorded_ and taken_; taken before mutex_
+  std::mutex mutex_;             // pending_, full_, stopping_
+  std::condition_variable wake_; // the writer's
+  std::vector<event> pending_;   // recorded, not yet taken by the writer
+  std::vector<event> taken_;     // being written, by the writer
+  std::uint64_t recorded_ = 0;   // bytes in the file
+  trace_ticks::anchor anchor_;   // when the events last written were taken (under file_mutex_)
   bool full_ = false;
-  bool writing_ = false;
+  bool stopping_ = false;
+  std::thread writer_; // last: started once the rest is made
 };
 
 //! A profiler's ranges, which every span of cohort's opens and closes whether or not a trace file
@@ -415,13 +514,12 @@ public:
       , operation_(operation)
       , range_(name) {
     if (recorder_ != nullptr) {
-      start_ = trace_recorder::clock::now();
+      start_ = trace_ticks::now();
     }
   }
   ~trace_span() {
     if (recorder_ != nullptr) {
-      recorder_->span(name_, thread_, start_, trace_recorder::clock::now(), bytes_, bucket_,
-                      operation_);
+      recorder_->span(name_, thread_, start_, trace_ticks::now(), bytes_, bucket_, operation_);
     }
   }
   trace_span(const trace_span&) = delete;
@@ -442,7 +540,7 @@ private:
   std::int64_t bucket_;
   const char* operation_;
   profiler_range range_;
-  trace_recorder::clock::time_point start_{};
+  std::uint64_t start_ = 0;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -27,6 +27,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -199,9 +200,11 @@ private:
   bucketed_reduction reduction_;
   // For the trace (only read when it is on): when the step began, and since when cohort's
   // thread has been waiting for its next bucket's gradients.
-  std::chrono::steady_clock::time_point step_began_{};
-  profiler_range step_range_; // an overlapped step's, from begin to finish (or abandon)
-  std::chrono::steady_clock::time_point reducer_idle_since_{};
+  std::uint64_t step_began_ = 0; // trace_ticks, when traced
+  profiler_range step_range_;    // an overlapped step's, from begin to finish (or abandon)
+  std::uint64_t reducer_idle_since_ = 0;
+  // A carried blocking step's pack start, pack end and agreement end (trace_ticks, when traced).
+  std::array<std::uint64_t, 3> carried_phases_{};
   // Counted by the caller's thread, and by cohort's in reduce_bucket while a step is in flight
   // (the caller reads it only after finish has waited for that thread).
   grad_sync_stats stats_;

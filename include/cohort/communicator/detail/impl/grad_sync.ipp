@@ -47,14 +47,15 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
                                             std::string problem) {
   const profiler_range step("allreduce_grad (blocking)");
   const auto start = std::chrono::steady_clock::now();
+  const std::uint64_t began = c.trace() != nullptr ? trace_ticks::now() : 0;
   const bool carried = validate(c, s, table, missing, "blocking", std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
   const auto reducing = std::chrono::steady_clock::now();
   trace_recorder* const trace = c.trace();
   c.fatal_on_failure("allreduce_grad", [&] {
     const std::span<const grad_slot> slots(slots_);
-    if (carried) { // its one bucket was reduced in the agreement
-      reduction_.unpack_shared(0, slots, traced_host_packer{trace, trace_thread::trainer, 0});
+    if (carried) { // its one bucket was reduced in the agreement (traced as one event, below)
+      reduction_.unpack_shared(0, slots, traced_host_packer{nullptr, trace_thread::trainer, 0});
       ++stats_.buckets;
       return;
     }
@@ -74,8 +75,11 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
     stats_.buckets += buckets;
   });
   const auto end = std::chrono::steady_clock::now();
-  if (trace != nullptr) {
-    trace->span("allreduce_grad", trace_thread::trainer, start, end, step_bytes_, -1, "blocking");
+  if (trace != nullptr && carried) {
+    trace->carried_step(began, carried_phases_, trace_ticks::now(), step_bytes_);
+  } else if (trace != nullptr) {
+    trace->span("allreduce_grad", trace_thread::trainer, began, trace_ticks::now(), step_bytes_, -1,
+                "blocking");
   }
   stats_.reducing += end - reducing;
   stats_.exposed += end - start;
@@ -107,11 +111,11 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
                                   const void* owner, std::string problem) {
   step_range_.open("allreduce_grad (overlapped)");
   if (c.trace() != nullptr) {
-    step_began_ = std::chrono::steady_clock::now();
+    step_began_ = trace_ticks::now();
   }
   validate(c, s, table, missing, "overlapped", std::move(problem));
   if (c.trace() != nullptr) {
-    reducer_idle_since_ = std::chrono::steady_clock::now();
+    reducer_idle_since_ = trace_ticks::now();
   }
   checks_ = &c;
   world_ = world;
@@ -194,6 +198,7 @@ COHORT_DECL void grad_sync::finish() {
   } done{*this};
   const checks& c = *checks_;
   const profiler_range waiting("wait");
+  const std::uint64_t waiting_since = c.trace() != nullptr ? trace_ticks::now() : 0;
   // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
   worker_->wait();
   // A problem found after the last bucket left (a gradient marked twice, say): an error on
@@ -212,9 +217,10 @@ COHORT_DECL void grad_sync::finish() {
   stats_.bytes += step_bytes_;
   ++stats_.steps;
   if (trace_recorder* const trace = c.trace()) {
-    trace->span("wait", trace_thread::trainer, start, end, step_bytes_, -1,
+    const std::uint64_t now = trace_ticks::now();
+    trace->span("wait", trace_thread::trainer, waiting_since, now, step_bytes_, -1,
                 "allreduce_grad (end of the step)");
-    trace->span("allreduce_grad", trace_thread::trainer, step_began_, end, step_bytes_, -1,
+    trace->span("allreduce_grad", trace_thread::trainer, step_began_, now, step_bytes_, -1,
                 "overlapped");
   }
 }
@@ -268,15 +274,14 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   trace_recorder* const trace = c.trace();
   if (trace != nullptr) {
     trace->span("wait for readiness", trace_thread::reducer, reducer_idle_since_,
-                std::chrono::steady_clock::now(), k.count * size_of(k.plan.wire),
-                static_cast<std::int64_t>(b));
+                trace_ticks::now(), k.count * size_of(k.plan.wire), static_cast<std::int64_t>(b));
   }
   struct idle_from_return {
     trace_recorder* trace;
-    std::chrono::steady_clock::time_point& since;
+    std::uint64_t& since;
     ~idle_from_return() {
       if (trace != nullptr) {
-        since = std::chrono::steady_clock::now();
+        since = trace_ticks::now();
       }
     }
   } idle{trace, reducer_idle_since_};
@@ -328,6 +333,7 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
   step_bytes_ = bytes;
   // A blocking step of one small packed bucket: packed now (the gradients are only read), it
   // travels in the agreement's own messages, one round trip instead of two.
+  trace_recorder* const trace = c.trace();
   tensor_view carried;
   reduce_op carried_op = reduce_op::sum;
   if (problem.empty() && usable && mode == "blocking" && s.exchange_is_allreduce &&
@@ -336,22 +342,32 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
     if (!k.in_place && k.count > 0 &&
         k.count * size_of(k.plan.wire) <= liveness::max_carried_bytes) {
       try {
+        // Traced by hand: if the agreement carries it, the whole step is one event.
+        carried_phases_[0] = trace != nullptr ? trace_ticks::now() : 0;
         carried = reduction_.pack_shared(0, slots_,
-                                         traced_host_packer{c.trace(), trace_thread::trainer, 0});
+                                         traced_host_packer{nullptr, trace_thread::trainer, 0});
         carried_op = k.plan.op;
       } catch (const std::exception&) {
         carried = tensor_view{}; // reduced the usual way after the agreement
       }
     }
   }
+  const bool carrying = carried.count > 0;
   const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
-  trace_span span(c.options().check_agreement ? c.trace() : nullptr, "agreement",
+  carried_phases_[1] = carrying && trace != nullptr ? trace_ticks::now() : 0;
+  trace_span span(c.options().check_agreement && !carrying ? trace : nullptr, "agreement",
                   trace_thread::trainer, 0, -1, "allreduce_grad");
   const bool reduced = validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence,
                                           slots_, c.options().check_agreement, missing, problem,
                                           mode, table, carried, carried_op);
-  if (reduced) {
-    span.relabel("agreement and reduce", carried.size_bytes(), 0);
+  if (carrying && trace != nullptr) {
+    carried_phases_[2] = trace_ticks::now();
+    if (!reduced) { // the ranks did not all carry it: its pack and agreement as they went
+      trace->span("pack", trace_thread::trainer, carried_phases_[0], carried_phases_[1],
+                  carried.size_bytes(), 0);
+      trace->span("agreement", trace_thread::trainer, carried_phases_[1], carried_phases_[2], 0, -1,
+                  "allreduce_grad");
+    }
   }
   return reduced;
 }
