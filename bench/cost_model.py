@@ -31,10 +31,14 @@ KiB, MiB, MB, GB = 1 << 10, 1 << 20, 1e6, 1e9
 SEGMENT = 1 * MiB  # segment_bytes: no MPI call is larger
 THRESHOLD = 64 * KiB  # fusion_threshold_bytes: a tensor this large is reduced in place
 BUCKET, FIRST_BUCKET = 4 * MiB, 1 * MiB  # bucket_bytes, first_bucket_bytes
-CARRIED = 16 * KiB  # liveness::max_carried_bytes: a checked all-reduce this small rides the agreement
+CARRIED = 32 * KiB  # liveness::max_carried_bytes: a checked all-reduce this small rides the agreement
 HEADER = 64  # bytes of an agreement message's header
+PREFIX = HEADER + 8  # liveness::prefix_bytes: the header and the train's length
+PIECE = 4032  # liveness::eager_bytes: the largest piece of a train
 EAGER = 4096  # Open MPI's shared-memory eager limit (btl_vader_eager_limit): larger messages
-#               take a rendezvous, a handshake before the copy, so a message has two latencies
+#               take a rendezvous, a handshake before the copy, so a message has two latencies.
+#               The agreement's train (liveness::eager_bytes) stays under it: one eager latency a
+#               round, its pieces posted at once.
 
 
 def last_level_cache():
@@ -82,12 +86,18 @@ def row_terms(method, n, total, tensors, llc):
     if base == "raw":
         latencies(steps, total)
         beta = wire
-    elif base in ("tensor", "naive", "flat"):
-        packed = base == "flat" and per_tensor < THRESHOLD
+    elif base in ("tensor", "naive", "flat", "hierarchical", "two_dimensional"):
+        # hierarchical and two_dimensional run flat's all-reduce per bucket on one node, where
+        # the tables were measured: their two levels are for several nodes.
+        packed = base not in ("tensor", "naive") and per_tensor < THRESHOLD
         if carried and (base == "tensor" or (packed and total <= FIRST_BUCKET)):
-            # The data travels in the agreement's messages and is reduced on the way.
-            latencies(rounds, HEADER + total)
-            beta, gamma = rounds * (HEADER + total), total
+            # The data travels in the agreement's messages, a train of eager pieces per round,
+            # and is reduced on the way. The receiver reads the train's first piece, then waits
+            # for the rest (two latencies a round when there is a rest), which arrived before
+            # their receives were posted and are copied once more.
+            pieces = math.ceil((PREFIX + total) / PIECE)
+            alpha_e += rounds * (1 if pieces == 1 else 2)
+            beta, gamma = rounds * (PREFIX + total), total + (rounds * total if pieces > 1 else 0)
             checked = False
         elif packed:
             for size in packed_buckets():
@@ -103,27 +113,11 @@ def row_terms(method, n, total, tensors, llc):
             gamma += 2 * total  # pack and unpack
         if checked:
             latencies(rounds, HEADER)
-    elif base in ("ring", "two_dimensional"):
+    elif base == "ring":
         # The ring's 2(n-1) steps, in chunks of 1 MiB, reducing as chunks arrive.
         chunks = max(1, math.ceil(total / n / MiB))
         latencies(steps * chunks, min(total / n, MiB))
         beta, gamma = wire, (n - 1) / n * total
-        if base == "two_dimensional":
-            latencies(rounds, HEADER)
-            gamma += 2 * total if per_tensor < THRESHOLD else 0
-    elif base == "hierarchical":
-        # One node: a reduce to the first rank and a broadcast, each a tree of log2(n) steps
-        # that moves the whole bucket, per bucket (flat's buckets).
-        if per_tensor < THRESHOLD:
-            buckets = packed_buckets()
-            gamma = 2 * total
-        else:
-            buckets = [per_tensor] * tensors
-        for size in buckets:
-            latencies(2 * rounds, size)
-        latencies(rounds, HEADER)
-        beta = sum(2 * rounds * b for b in buckets)
-        gamma += sum(rounds * b for b in buckets)
     else:
         return None
     return np.array([alpha_e, alpha_r, beta if in_cache else 0.0, 0.0 if in_cache else beta,
