@@ -133,7 +133,10 @@ public:
   }
 
   //! Time 0 of the trace: now (every rank calls this as it leaves the same collective).
-  void set_origin() noexcept { origin_ = clock::now(); }
+  void set_origin() noexcept {
+    const std::lock_guard file(file_mutex_); // (the writer reads it)
+    origin_ = clock::now();
+  }
 
   //! One span that ran from `start` to `end` (`trace_ticks::now()`) on `thread`. `bytes` and
   //! `bucket` (the bucket's index in its plan, or -1) are given as arguments, with `operation`
@@ -446,7 +449,7 @@ private:
   int rank_;
   std::string strategy_;
   std::uint64_t max_bytes_;
-  clock::time_point origin_;
+  clock::time_point origin_; // under file_mutex_ once the writer runs
   std::unique_ptr<std::FILE, closer> file_;
   std::mutex file_mutex_;        // the file, recorded_ and taken_; taken before mutex_
   std::mutex mutex_;             // pending_, full_, stopping_

@@ -113,7 +113,12 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
   if (c.trace() != nullptr) {
     step_began_ = trace_ticks::now();
   }
-  validate(c, s, table, missing, "overlapped", std::move(problem));
+  try {
+    validate(c, s, table, missing, "overlapped", std::move(problem));
+  } catch (...) {
+    step_range_.close(); // no step began
+    throw;
+  }
   if (c.trace() != nullptr) {
     reducer_idle_since_ = trace_ticks::now();
   }
