@@ -62,9 +62,11 @@ public:
 
   //! Reduces `data` with `op` over the window's ranks when `data` lies in the window on every
   //! rank, at the same offset; returns false, having changed nothing, when it lies outside the
-  //! window on every rank. Throws `mismatch_error` on every rank when some ranks hold it in the
-  //! window and others outside, or at other offsets. `across_nodes(block, op)` all-reduces this
-  //! rank's reduced block with the same block of the other nodes (null: one node).
+  //! window on every rank. Throws `mismatch_error` on every rank of the window when some ranks
+  //! hold it in the window and others outside, or at other offsets, or pass another count, dtype
+  //! or operation. On several nodes, `across_nodes` (null: one node) has `agree(bool in_window)`,
+  //! which makes every node take the same path or throws on every rank, and `allreduce(block,
+  //! op)`, which all-reduces this rank's reduced block with the same block of the other nodes.
   template <class AcrossNodes = std::nullptr_t>
   bool allreduce(tensor_view data, reduce_op op, AcrossNodes&& across_nodes = nullptr) {
     const std::uint64_t k = ++exchanges_;
@@ -84,9 +86,13 @@ public:
     // Every rank reads the same n headers: if any two differ, each rank finds one that differs
     // from its own, and all of them throw.
     for (int r = 0; r < n; ++r) {
-      if (flags(r).buffer[k % 2][0] != mine[0]) {
+      if (!std::equal(mine, mine + 4, flags(r).buffer[k % 2])) {
         throw mismatch_error(disagreement(r, k));
       }
+    }
+    constexpr bool one_node = std::is_same_v<std::remove_cvref_t<AcrossNodes>, std::nullptr_t>;
+    if constexpr (!one_node) {
+      across_nodes.agree(offset.has_value());
     }
     if (!offset) {
       return false;
@@ -157,7 +163,7 @@ private:
       }
     }
     if constexpr (!one_node) {
-      across_nodes(tensor_view{at(me, 0), count, data.type, data.location}, op);
+      across_nodes.allreduce(tensor_view{at(me, 0), count, data.type, data.location}, op);
       for (std::size_t i = 0; i < count; i += chunk) {
         push(i, std::min(chunk, count - i));
       }
@@ -166,15 +172,17 @@ private:
 
   std::string disagreement(int r, std::uint64_t k) const {
     const auto where = [&](int rank) {
-      const std::uint64_t offset = flags(rank).buffer[k % 2][0];
-      return (offset == 0 ? std::string("outside the window")
-                          : "at offset " + std::to_string(offset - 1) + " of the window") +
+      const std::uint64_t* b = flags(rank).buffer[k % 2];
+      return "a buffer of " + std::to_string(b[1]) + " " +
+             std::string(to_string(static_cast<dtype>(b[2]))) + " elements (" +
+             std::string(to_string(static_cast<reduce_op>(b[3]))) + ") " +
+             (b[0] == 0 ? std::string("outside the window")
+                        : "at offset " + std::to_string(b[0] - 1) + " of the window") +
              " on rank " + std::to_string(rank);
     };
     const int me = window_->rank();
     return "cohort: shared_memory exchange #" + std::to_string(k) + " (rank " + std::to_string(me) +
-           " of the node): a buffer of " + std::to_string(flags(me).buffer[k % 2][1]) +
-           " elements lies " + where(me) + " and " + where(r) +
+           " of the node): " + where(me) + ", " + where(r) +
            ": every rank must allocate its gradients from the communicator's shared_allocator in "
            "the same order and sizes";
   }

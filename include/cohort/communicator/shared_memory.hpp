@@ -8,6 +8,7 @@
 #include <cohort/communicator/two_dimensional.hpp>
 #include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
 #include <cohort/memory/shared_arena.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/tensor_view.hpp>
@@ -15,10 +16,12 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace cohort {
@@ -54,11 +57,18 @@ public:
 
   shared_memory(shared_memory&&) noexcept = default;
   shared_memory& operator=(shared_memory&&) noexcept = default;
-  // The window is read on cohort's thread: its reduction ends before the window goes.
-  ~shared_memory() { this->finish_overlap(); }
+  // The window is read on cohort's thread: its reduction ends before the window goes. Freeing
+  // it is collective, so it goes here, where every rank destroys its communicator.
+  ~shared_memory() {
+    this->finish_overlap();
+    if (window_) {
+      window_->arena->close();
+    }
+  }
 
   //! An allocator of this rank's share of the window, for the gradients (std::vector<float,
-  //! cohort::shared_allocator<float>>). What it gives keeps the window alive.
+  //! cohort::shared_allocator<float>>). The communicator must outlive the use of what it gives
+  //! (the window goes with it); a container may still be destroyed after it.
   template <class T>
   shared_allocator<T> allocator() const noexcept {
     return shared_allocator<T>(window_->arena);
@@ -94,14 +104,33 @@ private:
   // one bucket may travel in the step's agreement instead (grad_sync::validate).
   static constexpr bool exchange_is_allreduce = true;
 
+  // The nodes' side of an exchange on several nodes: rank i of every node takes part with its
+  // node's decision (the same on every rank of a node, which agreed in the window).
+  struct across_nodes {
+    shared_memory* self;
+    void agree(bool in_window) const {
+      std::array<std::int32_t, 2> votes = {in_window ? 1 : 0, in_window ? -1 : 0};
+      const MPI_Comm inter = self->grad_inter_comm();
+      mpi::check(MPI_Allreduce(MPI_IN_PLACE, votes.data(), 2, MPI_INT32_T, MPI_MAX, inter),
+                 "MPI_Allreduce (shared_memory: the nodes' window)", inter);
+      if (votes[0] != -votes[1]) { // some nodes hold the bucket in their window, others not
+        throw mismatch_error("cohort: shared_memory on rank " + std::to_string(self->rank()) +
+                             ": a bucket lies in the shared window on some nodes and outside "
+                             "it on others; every rank must allocate its gradients from the "
+                             "communicator's shared_allocator in the same order and sizes (and "
+                             "the windows be as large)");
+      }
+    }
+    void allreduce(tensor_view block, reduce_op op) const {
+      detail::mpi_link<Inter>{self->grad_inter_comm(), self->options().segment_bytes}.allreduce(
+          block, op);
+    }
+  };
+
   void exchange(tensor_view bucket, reduce_op op) {
-    const bool in_window =
-        this->inter_size() == 1
-            ? window_->exchange.allreduce(bucket, op)
-            : window_->exchange.allreduce(bucket, op, [this](tensor_view block, reduce_op o) {
-                detail::mpi_link<Inter>{this->grad_inter_comm(), this->options().segment_bytes}
-                    .allreduce(block, o);
-              });
+    const bool in_window = this->inter_size() == 1
+                               ? window_->exchange.allreduce(bucket, op)
+                               : window_->exchange.allreduce(bucket, op, across_nodes{this});
     if (in_window) {
       window_->reduced.fetch_add(1, std::memory_order_relaxed);
     } else {

@@ -46,6 +46,9 @@ public:
       return nullptr;
     }
     const std::scoped_lock lock(mutex_);
+    if (closed_) {
+      return nullptr;
+    }
     const std::size_t begin = (top_ + alignment - 1) / alignment * alignment;
     if (begin > window_.bytes() || bytes > window_.bytes() - begin) {
       spilled_ += bytes;
@@ -71,6 +74,17 @@ public:
     return true;
   }
 
+  //! Frees the window (collective: its communicator does, as it goes). What it gave is then
+  //! freed memory: a container may still be destroyed (its blocks are given back without a read),
+  //! not used; later allocations come from the heap.
+  void close() noexcept {
+    const std::scoped_lock lock(mutex_);
+    if (!closed_) {
+      window_.free();
+      closed_ = true;
+    }
+  }
+
   const mpi::shared_window& window() const noexcept { return window_; }
   std::size_t capacity() const noexcept { return window_.bytes(); }
   std::size_t used_bytes() const {
@@ -89,10 +103,12 @@ private:
   std::size_t top_ = 0;
   std::size_t live_ = 0;
   std::size_t spilled_ = 0;
+  bool closed_ = false;
 };
 
 //! A standard allocator from a `shared_arena`, falling back to the heap when the arena is full.
-//! Keeps its arena (and the window) alive as long as memory it gave may still be in use.
+//! Keeps its arena's bookkeeping alive as long as memory it gave may be given back; the window
+//! itself goes with the communicator that made it, which must outlive the use of that memory.
 template <class T>
 class shared_allocator {
 public:

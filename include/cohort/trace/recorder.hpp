@@ -102,11 +102,19 @@ public:
               R"(,"args":{"name":"cohort reduction thread)" + of + R"("}},)" + "\n";
     recorded_ = header.size();
     write(header);
-    writer_ = std::thread([this] { write_in_the_background(); });
-    live_recorders& live = recorders();
-    const std::lock_guard lock(live.mutex);
-    live.list.push_back(this);
-    detail::end_job_hook_slot().store(&write_all_before_end_of_job);
+    {
+      live_recorders& live = recorders();
+      const std::lock_guard lock(live.mutex);
+      live.list.push_back(this);
+      detail::end_job_hook_slot().store(&write_all_before_end_of_job);
+    }
+    try {
+      writer_ = std::thread([this] { write_in_the_background(); });
+    } catch (...) {
+      const std::lock_guard lock(recorders().mutex);
+      std::erase(recorders().list, this);
+      throw;
+    }
   }
 
   trace_recorder(const trace_recorder&) = delete;
@@ -157,7 +165,11 @@ public:
       }
       wake_.notify_one(); // (and the vector grows: the writer is behind)
     }
-    pending_.push_back({name, operation, start, end, bytes, bucket, thread});
+    try {
+      pending_.push_back({name, operation, start, end, bytes, bucket, thread});
+    } catch (...) {
+      // (no memory to grow the batch: this event is lost, not the run)
+    }
   }
 
   //! A blocking step whose one bucket was carried in its agreement: one event, from `start` to
@@ -173,8 +185,12 @@ public:
     if (pending_.size() == pending_.capacity()) {
       wake_.notify_one();
     }
-    pending_.push_back({"allreduce_grad", "blocking, carried in the agreement", start, end, bytes,
-                        -1, trace_thread::trainer, true, phases});
+    try {
+      pending_.push_back({"allreduce_grad", "blocking, carried in the agreement", start, end, bytes,
+                          -1, trace_thread::trainer, true, phases});
+    } catch (...) {
+      // (no memory to grow the batch: this event is lost, not the run)
+    }
   }
 
   const std::filesystem::path& file() const noexcept { return path_; }
@@ -485,21 +501,21 @@ public:
 
   void open(const char* name) noexcept {
     close();
-    if (installed_profiler_ranges.start != nullptr) {
-      range_ = installed_profiler_ranges.start(name);
-      open_ = true;
+    const profiler_ranges ranges = installed_profiler_ranges;
+    if (ranges.start != nullptr && ranges.end != nullptr) {
+      range_ = ranges.start(name);
+      end_ = ranges.end; // the one that opened it closes it
     }
   }
   void close() noexcept {
-    if (open_) {
-      installed_profiler_ranges.end(range_);
-      open_ = false;
+    if (end_ != nullptr) {
+      std::exchange(end_, nullptr)(range_);
     }
   }
 
 private:
   std::uint64_t range_ = 0;
-  bool open_ = false;
+  void (*end_)(std::uint64_t) noexcept = nullptr;
 };
 
 //! Records the span from its construction to its end into `recorder`, if not null, and opens a

@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <string>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
@@ -59,9 +61,21 @@ public:
 private:
   static bool counter_is_invariant() noexcept {
 #if defined(COHORT_TRACE_TSC)
+    // The CPU says the counter is invariant, and (on Linux) the kernel, which checks that the
+    // cores' counters agree, keeps it as its own clock: a VM or a machine whose counters drift
+    // apart has the kernel fall back to another clocksource, and the trace to steady_clock.
     static const bool invariant = [] {
       unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-      return __get_cpuid(0x80000007u, &eax, &ebx, &ecx, &edx) != 0 && (edx & (1u << 8)) != 0;
+      if (__get_cpuid(0x80000007u, &eax, &ebx, &ecx, &edx) == 0 || (edx & (1u << 8)) == 0) {
+        return false;
+      }
+#if defined(__linux__)
+      std::ifstream source("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+      std::string name;
+      return source >> name && name == "tsc";
+#else
+      return true;
+#endif
     }();
     return invariant;
 #else

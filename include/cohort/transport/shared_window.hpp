@@ -28,7 +28,9 @@ namespace mpi {
 //! of `header_bytes` (for flags the ranks read before any has written them), then `bytes` of data,
 //! touched by nobody until used (the pages are mapped only then). The segments are allocated apart
 //! (`alloc_shared_noncontig`: each near its own rank's memory); header and data start on an
-//! `alignment` boundary. Move-only; freeing is collective, as its making was.
+//! `alignment` boundary. Move-only; freeing is collective, as its making was: its owner frees it
+//! at a point every rank reaches (`free()`), and the destructor frees it only if that has not
+//! happened (and no exception is unwinding).
 class shared_window {
 public:
   static constexpr std::size_t alignment = 64;
@@ -89,6 +91,16 @@ public:
   //! memory then goes with the process.
   ~shared_window() { free(); }
 
+  //! Frees the window now (collective, as above); the segments' addresses stay known to
+  //! `offset_of`, which never reads them.
+  void free() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (window_ != MPI_WIN_NULL && finalized == 0 && std::uncaught_exceptions() == 0) {
+      MPI_Win_free(&window_);
+    }
+    window_ = MPI_WIN_NULL;
+  }
   //! Rank `r`'s header and data, in this process's address space.
   std::byte* header(int r) const noexcept { return segments_[static_cast<std::size_t>(r)]; }
   std::byte* data(int r) const noexcept { return header(r) + header_bytes_; }
@@ -114,15 +126,6 @@ private:
   static std::byte* align(std::byte* p) noexcept {
     const auto at = reinterpret_cast<std::uintptr_t>(p);
     return p + ((alignment - at % alignment) % alignment);
-  }
-
-  void free() noexcept {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (window_ != MPI_WIN_NULL && finalized == 0 && std::uncaught_exceptions() == 0) {
-      MPI_Win_free(&window_);
-    }
-    window_ = MPI_WIN_NULL;
   }
 
   MPI_Win window_ = MPI_WIN_NULL;
