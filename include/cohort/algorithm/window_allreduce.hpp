@@ -70,12 +70,18 @@ public:
   template <class AcrossNodes = std::nullptr_t>
   bool allreduce(tensor_view data, reduce_op op, AcrossNodes&& across_nodes = nullptr) {
     const std::uint64_t k = ++exchanges_;
-    const auto offset =
-        data.count == 0 ? std::nullopt : window_->offset_of(data.data, data.size_bytes());
+    std::size_t offset = 0;
+    bool inside = false;
+    if (data.count > 0) {
+      if (const auto found = window_->offset_of(data.data, data.size_bytes())) {
+        offset = *found;
+        inside = true;
+      }
+    }
     const int me = window_->rank();
     const int n = window_->size();
     std::uint64_t* mine = flags(me).buffer[k % 2];
-    mine[0] = offset ? *offset + 1 : 0;
+    mine[0] = inside ? offset + 1 : 0;
     mine[1] = data.count;
     mine[2] = static_cast<std::uint64_t>(data.type);
     mine[3] = static_cast<std::uint64_t>(op);
@@ -92,12 +98,12 @@ public:
     }
     constexpr bool one_node = std::is_same_v<std::remove_cvref_t<AcrossNodes>, std::nullptr_t>;
     if constexpr (!one_node) {
-      across_nodes.agree(offset.has_value());
+      across_nodes.agree(inside);
     }
-    if (!offset) {
+    if (!inside) {
       return false;
     }
-    reduce_block(data, *offset, op, across_nodes);
+    reduce_block(data, offset, op, across_nodes);
     store(flags(me).done, k);
     for (int r = 0; r < n; ++r) {
       wait_for(flags(r).done, k);
