@@ -9,6 +9,7 @@
 
 #include <cohort/communicator/liveness.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/fingerprint.hpp>
 #include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
@@ -30,33 +31,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
-
-//! FNV-1a: a fingerprint that is the same on every rank for the same input, whatever the
-//! standard library (std::hash promises that only within one program).
-class fingerprint {
-public:
-  constexpr fingerprint& add(std::uint64_t value) noexcept {
-    for (int i = 0; i < 8; ++i) {
-      mix(static_cast<unsigned char>(value >> (8 * i)));
-    }
-    return *this;
-  }
-  constexpr fingerprint& add(std::string_view text) noexcept {
-    add(text.size());
-    for (char c : text) {
-      mix(static_cast<unsigned char>(c));
-    }
-    return *this;
-  }
-  constexpr std::uint64_t value() const noexcept { return state_; }
-
-private:
-  constexpr void mix(unsigned char byte) noexcept {
-    state_ ^= byte;
-    state_ *= 0x100000001b3ull;
-  }
-  std::uint64_t state_ = 0xcbf29ce484222325ull;
-};
 
 //! One item of what a rank passes to a collective: a label ("parameter 'fc1.w'", "tensor") and a
 //! description of what it is on this rank ("100 float32 elements").

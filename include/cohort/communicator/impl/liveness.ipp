@@ -5,6 +5,7 @@
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
 #include <cohort/communicator/liveness.hpp>
+#include <cohort/detail/fingerprint.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -26,10 +27,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   // The header, in words; then the carried bytes.
   std::array<std::uint64_t, message_words> mine{};
   std::array<std::uint64_t, message_words> incoming{};
-  std::uint64_t name = 0xcbf29ce484222325ull; // FNV-1a of the operation's name
-  for (const char* c = operation; *c != '\0'; ++c) {
-    name = (name ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-  }
+  const std::uint64_t name = fingerprint{}.add(std::string_view(operation)).value();
   mine[0] = name;
   mine[1] = ~name;
   std::copy(values, values + n, mine.begin() + 2);
