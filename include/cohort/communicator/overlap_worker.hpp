@@ -2,7 +2,7 @@
 #pragma once
 
 #include <cohort/config.hpp>
-#include <cohort/trace/recorder.hpp>
+#include <cohort/trace/event.hpp>
 
 #include <condition_variable>
 #include <cstddef>

@@ -8,7 +8,7 @@
 // include/nvtx3): with no tool attached, a range is a call through a null pointer check.
 
 #include <cohort/config.hpp>
-#include <cohort/trace/recorder.hpp>
+#include <cohort/trace/profiler_range.hpp>
 
 #include <cstdint>
 #include <nvtx3/nvToolsExt.h>

@@ -45,18 +45,26 @@ public:
     static anchor take() noexcept { return {now(), clock::now()}; }
   };
 
-  //! Counts to time, between anchors `from` and `to` (a count a little outside them is
-  //! extrapolated): exact for steady_clock's own counts, within the two reads' skew for the
-  //! counter.
-  static clock::time_point to_time(std::uint64_t ticks, const anchor& from,
-                                   const anchor& to) noexcept {
-    const auto span = static_cast<double>(to.ticks - from.ticks);
-    const double per_tick =
-        span > 0 ? static_cast<double>((to.time - from.time).count()) / span : 1.0;
-    const double offset =
-        static_cast<double>(static_cast<std::int64_t>(ticks - from.ticks)) * per_tick;
-    return from.time + clock::duration(static_cast<clock::rep>(offset));
-  }
+  //! Counts to time between two anchors (a count a little outside them is extrapolated): exact
+  //! for steady_clock's own counts, within the two reads' skew for the counter. The rate is
+  //! computed once, for the writer's batch of events.
+  class converter {
+  public:
+    converter(const anchor& from, const anchor& to) noexcept
+        : from_(from) {
+      const auto span = static_cast<double>(to.ticks - from.ticks);
+      per_tick_ = span > 0 ? static_cast<double>((to.time - from.time).count()) / span : 1.0;
+    }
+    clock::time_point operator()(std::uint64_t ticks) const noexcept {
+      const double offset =
+          static_cast<double>(static_cast<std::int64_t>(ticks - from_.ticks)) * per_tick_;
+      return from_.time + clock::duration(static_cast<clock::rep>(offset));
+    }
+
+  private:
+    anchor from_;
+    double per_tick_;
+  };
 
 private:
   static bool counter_is_invariant() noexcept {

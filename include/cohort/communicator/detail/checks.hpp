@@ -19,7 +19,7 @@
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/location.hpp>
 #include <cohort/tensor/tensor_view.hpp>
-#include <cohort/trace/recorder.hpp>
+#include <cohort/trace/span.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -120,8 +120,12 @@ public:
   //! that cannot write its file is a problem every rank hears of here.
   void agree_on_options(std::string_view strategy, std::string_view strategy_type);
 
-  //! This rank's trace, or null when tracing is off.
-  trace_recorder* trace() const noexcept { return trace_.get(); }
+  //! This rank's trace, or null when tracing is off or paused.
+  trace_recorder* trace() const noexcept {
+    return trace_ && trace_->recording() ? trace_.get() : nullptr;
+  }
+  //! This rank's trace, paused or not (null when tracing is off).
+  trace_recorder* trace_file() const noexcept { return trace_.get(); }
 
   //! Throws `error` unless MPI was started with MPI_THREAD_MULTIPLE, which a reduction on
   //! cohort's own thread needs.
@@ -181,8 +185,10 @@ private:
     f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
     // (`who` names the rendezvous, not the thread: the end of an overlapped step settles at
     // the reducer's on the trainer's thread)
-    const trace_span span(trace_.get(), "agreement",
-                          trace_ ? this_trace_thread() : trace_thread::trainer, 0, -1, operation);
+    trace_recorder* const trace = this->trace();
+    const trace_span span(trace, "agreement",
+                          trace != nullptr ? this_trace_thread() : trace_thread::trainer, 0, -1,
+                          operation);
     require_agreement(*live_, who, operation, sequence, f.value(), [&] {
       if (!problem.empty()) {
         return std::vector<signature_entry>{{"the call", "failed (" + problem + ")"}};

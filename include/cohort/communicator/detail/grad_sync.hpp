@@ -21,7 +21,7 @@
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/tensor_view.hpp>
-#include <cohort/trace/recorder.hpp>
+#include <cohort/trace/span.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <mpi.h>

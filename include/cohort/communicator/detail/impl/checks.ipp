@@ -46,8 +46,9 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
   f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<int>(op))));
   f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
   const std::uint64_t sequence = live_->next_sequence(waiter::caller, bytes);
-  trace_span span(trace_.get(), "agreement", trace_ ? this_trace_thread() : trace_thread::trainer,
-                  0, -1, operation);
+  trace_recorder* const trace = this->trace();
+  trace_span span(trace, "agreement",
+                  trace != nullptr ? this_trace_thread() : trace_thread::trainer, 0, -1, operation);
   bool reduced = false;
   {
     // A rank whose arguments failed its own checks carries nothing (its view may be anything).
