@@ -260,7 +260,8 @@ void print_header(const settings& s, int ranks, int nodes, const std::string& gp
   std::printf("# timeout: 10 min (the default: watched by the watchdog) everywhere but "
               "flat/notimeout (0: nothing watched)\n");
   std::printf("# trace: off everywhere but flat/traced (COHORT_TRACE: each rank writes its "
-              "spans to a file)\n");
+              "spans to a file) and flat/paused (the same communicator, its trace paused: what "
+              "flat/traced costs is flat/traced over flat/paused)\n");
   std::printf("%s\n", gpu_line.c_str());
   std::printf("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (0 at one rank), as in "
               "nccl-tests; GB = 1e9 bytes; vs raw = time / raw time (gpu rows: / gpu raw nccl)\n");
@@ -400,8 +401,17 @@ int run(int argc, char** argv) {
                          [&] { flat_unchecked.allreduce_grad(grads.params, cohort::sum{}); },
                          fill_grads, check_grads});
     }
+    methods.push_back({"flat/paused",
+                       [&] {
+                         flat_traced->pause_trace();
+                         flat_traced->allreduce_grad(grads.params, cohort::sum{});
+                       },
+                       fill_grads, check_grads});
     methods.push_back({"flat/traced",
-                       [&] { flat_traced->allreduce_grad(grads.params, cohort::sum{}); },
+                       [&] {
+                         flat_traced->resume_trace();
+                         flat_traced->allreduce_grad(grads.params, cohort::sum{});
+                       },
                        fill_grads, check_grads});
     methods.push_back({"flat/notimeout",
                        [&] { flat_untimed.allreduce_grad(grads.params, cohort::sum{}); },

@@ -363,6 +363,50 @@ BOOST_AUTO_TEST_CASE(two_threads_recording_at_once_lose_no_span) {
   remove_directory(comm, dir);
 }
 
+BOOST_AUTO_TEST_CASE(a_paused_trace_records_nothing_until_resumed) {
+  auto probe = cohort::make_communicator<cohort::flat>();
+  BOOST_TEST(!probe.traced());
+  BOOST_TEST(probe.trace_file().empty());
+  probe.pause_trace(); // (nothing to pause: no effect)
+  const std::filesystem::path dir = fresh_directory(probe, "paused");
+  {
+    auto comm = cohort::make_communicator<cohort::flat>({.trace_directory = dir.string()});
+    BOOST_TEST(comm.traced());
+    BOOST_TEST(comm.trace_file() == file_of(dir, probe.rank()));
+    std::vector<float> value(4, 0.0f);
+    std::vector<float> grad(4, 1.0f);
+    std::vector<cohort::parameter_ref<std::vector<float>>> params{{"w", &value, &grad}};
+    // Steps of 4, 5 and 6 elements, told apart by their bytes.
+    const auto step = [&](std::size_t elements) {
+      value.assign(elements, 0.0f);
+      grad.assign(elements, 1.0f);
+      comm.allreduce_grad(params, cohort::sum{});
+      BOOST_TEST_REQUIRE(grad.back() == static_cast<float>(comm.size()));
+    };
+    step(4);
+    comm.pause_trace();
+    step(5);
+    std::vector<float> t(3, 1.0f);
+    comm.allreduce(t); // no agreement span either
+    comm.barrier();
+    comm.resume_trace();
+    step(6);
+  }
+  const std::vector<event> events = read_trace(file_of(dir, probe.rank()));
+  std::vector<event> steps;
+  std::copy_if(events.begin(), events.end(), std::back_inserter(steps),
+               [](const event& e) { return e.name == "allreduce_grad"; });
+  BOOST_TEST_REQUIRE(steps.size() == 2u);
+  BOOST_TEST(steps[0].bytes == 4 * sizeof(float));
+  BOOST_TEST(steps[1].bytes == 6 * sizeof(float));
+  // Nothing between the two: the paused step, all-reduce and barrier left no span.
+  for (const event& e : events) {
+    BOOST_TEST((e.end() <= steps[0].end() + 0.002 || e.ts >= steps[1].ts - 0.002),
+               e.name << " (" << e.operation << ") at " << e.ts << " recorded while paused");
+  }
+  remove_directory(probe, dir);
+}
+
 BOOST_AUTO_TEST_CASE(small_collectives_are_reduced_in_their_agreement) {
   // What tells that the data rode the agreement (the results are the same either way): the
   // agreement's span is "agreement and reduce", with the bytes it carried, and no "reduce" of a

@@ -25,6 +25,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
@@ -136,6 +137,18 @@ public:
   }
   const communicator_options& options() const noexcept {
     return read([](const auto& c) -> const communicator_options& { return c.options(); });
+  }
+  bool traced() const noexcept {
+    return read([](const auto& c) { return c.traced(); });
+  }
+  std::filesystem::path trace_file() const {
+    return read([](const auto& c) { return c.trace_file(); });
+  }
+  void pause_trace() const noexcept {
+    read([](const auto& c) { c.pause_trace(); });
+  }
+  void resume_trace() const noexcept {
+    read([](const auto& c) { c.resume_trace(); });
   }
 
   basic_any_communicator split(int color, int key) const {

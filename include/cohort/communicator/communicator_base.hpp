@@ -23,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -68,11 +69,30 @@ public:
   const boost::mpi::communicator& inter_comm() const noexcept { return layout_.inter; }
   const communicator_options& options() const noexcept { return checks_.options(); }
 
+  //! Whether this rank writes a trace (communicator_options::trace_directory, or COHORT_TRACE),
+  //! and the file.
+  bool traced() const noexcept { return checks_.trace_file() != nullptr; }
+  std::filesystem::path trace_file() const {
+    return traced() ? checks_.trace_file()->file() : std::filesystem::path();
+  }
+  //! Stops recording this rank's spans until `resume_trace`, to trace chosen steps only (as
+  //! Horovod's stop_timeline and start_timeline); nothing where no trace is written. Each rank
+  //! decides for itself. Between steps, from the trainer's thread: a step already begun is
+  //! recorded as it was begun.
+  void pause_trace() const noexcept { set_trace_recording(false); }
+  void resume_trace() const noexcept { set_trace_recording(true); }
+
   //! Returns once every rank has called it. A rank that never comes ends the job after the
   //! timeout, naming it.
   void barrier() const;
 
 protected:
+  void set_trace_recording(bool on) const noexcept {
+    if (checks_.trace_file() != nullptr) {
+      checks_.trace_file()->set_recording(on);
+    }
+  }
+
   //! The MPI communicator of `split` (collective): the ranks that pass the same `color` (>= 0),
   //! ordered by `key`; a bad color throws on every rank.
   MPI_Comm split_comm(int color, int key) const;
