@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/allocation_counter.hpp"
+#include "support/closed_form.hpp"
 #include "support/expect.hpp"
 #include "support/fill.hpp"
 #include "support/model.hpp"
@@ -29,38 +30,13 @@ namespace {
 using cohort::test::model;
 using cohort::test::param;
 
-// The tolerance of a mean in T: 16-bit floats are divided before the sum and rounded at each step.
-template <class T>
-double tolerance() {
-  if constexpr (std::is_same_v<T, cohort::float16>) {
-    return 4e-3;
-  } else if constexpr (std::is_same_v<T, cohort::bfloat16>) {
-    return 3e-2;
-  } else if constexpr (std::is_same_v<T, float>) {
-    return 1e-6;
-  } else {
-    return 1e-12;
-  }
-}
+using cohort::test::tolerance;
 
 template <class T, class Strategy, class Reducer>
 void check_model(Strategy& comm, Reducer reducer, bool mean) {
   model<T> m(comm.size(), comm.rank());
   comm.allreduce_grad(m.params, reducer);
-  for (std::size_t t = 0; t < m.grads.size(); ++t) {
-    for (std::size_t i = 0; i < m.grads[t].size(); ++i) {
-      const double sum = closed_form_sum(i, comm.size());
-      double expected = mean ? sum / comm.size() : sum;
-      if (mean && std::is_integral_v<T>) {
-        expected = std::round(expected);
-      }
-      const double got = as_double(m.grads[t][i]);
-      BOOST_TEST_REQUIRE(std::abs(got - expected) <= tolerance<T>() * std::max(1.0, expected),
-                         cohort::to_string(cohort::dtype_of_v<T>)
-                             << " tensor " << t << " element " << i << ": " << got << " vs "
-                             << expected);
-    }
-  }
+  cohort::test::require_closed_form(m, comm.size(), mean);
 }
 
 template <class Strategy, class Reducer>

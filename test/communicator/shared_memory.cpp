@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/allocation_counter.hpp"
+#include "support/closed_form.hpp"
 #include "support/expect.hpp"
 #include "support/fill.hpp"
 #include "support/model.hpp"
@@ -30,40 +31,11 @@ namespace {
 template <class T>
 using shared_vector = std::vector<T, cohort::shared_allocator<T>>;
 
-template <class T>
-double tolerance() {
-  if constexpr (std::is_same_v<T, cohort::float16>) {
-    return 4e-3;
-  } else if constexpr (std::is_same_v<T, cohort::bfloat16>) {
-    return 3e-2;
-  } else if constexpr (std::is_same_v<T, float>) {
-    return 1e-6;
-  } else {
-    return 1e-12;
-  }
-}
-
 // One step of `m` with `reducer`, against the closed forms.
 template <class Model, class Comm, class Reducer>
 void check_step(Model& m, Comm& comm, Reducer reducer, bool mean) {
-  using T = typename Model::tensor::value_type;
   comm.allreduce_grad(m.params, reducer);
-  for (std::size_t t = 0; t < m.grads.size(); ++t) {
-    for (std::size_t i = 0; i < m.grads[t].size(); ++i) {
-      double expected = closed_form_sum(i, comm.size());
-      if (mean) {
-        expected /= comm.size();
-        if (std::is_integral_v<T>) {
-          expected = std::round(expected);
-        }
-      }
-      const double got = as_double(m.grads[t][i]);
-      BOOST_TEST_REQUIRE(std::abs(got - expected) <= tolerance<T>() * std::max(1.0, expected),
-                         cohort::to_string(cohort::dtype_of_v<T>)
-                             << " tensor " << t << " element " << i << ": " << got << " vs "
-                             << expected);
-    }
-  }
+  cohort::test::require_closed_form(m, comm.size(), mean);
 }
 
 // Every dtype, its gradients in the window: summed and averaged.
