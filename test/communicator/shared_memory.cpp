@@ -219,6 +219,11 @@ BOOST_AUTO_TEST_CASE(simulated_nodes_of_every_size) {
     auto comm = cohort::make_communicator<cohort::shared_memory<>>(options);
     check_every_dtype(comm);
     BOOST_TEST(comm.window_exchanges() > 0u);
+    // Gradients on the heap on every node: the nodes' vote sends them through MPI.
+    const auto before = comm.window_exchanges();
+    cohort::test::model<float> heap(comm.size(), comm.rank());
+    check_step(heap, comm, cohort::sum{}, false);
+    BOOST_TEST(comm.window_exchanges() == before);
   }
 }
 
