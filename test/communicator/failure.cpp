@@ -27,6 +27,25 @@
 
 namespace {
 
+// Four gradients of 1 MiB from `allocator` (each past the fusion threshold: reduced in place, so
+// in the window when the allocator is a window's).
+template <class Allocator>
+struct large_model {
+  using tensor = std::vector<float, Allocator>;
+  std::vector<tensor> values, grads;
+  std::vector<cohort::parameter_ref<tensor>> params;
+
+  explicit large_model(const Allocator& allocator) {
+    for (int t = 0; t < 4; ++t) {
+      values.emplace_back(std::size_t{1} << 18, 0.0f, allocator);
+      grads.emplace_back(std::size_t{1} << 18, 1.0f, allocator);
+    }
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      params.push_back({"layer" + std::to_string(t), &values[t], &grads[t]});
+    }
+  }
+};
+
 using params_type = std::vector<cohort::parameter_ref<std::vector<float>>>;
 
 // A tiny replica: three tensors, trained by w -= 0.1 * g.
@@ -131,18 +150,9 @@ int run(std::string_view mode, int argc, char** argv) {
     one_per_node.simulated_ranks_per_node = 1;
     cohort::shared_memory<> shared(boost::mpi::communicator(), one_per_node);
     const auto train = [&](auto allocator) {
-      using tensor = std::vector<float, decltype(allocator)>;
-      std::vector<tensor> values, grads;
-      std::vector<cohort::parameter_ref<tensor>> params;
-      for (int t = 0; t < 4; ++t) {
-        values.emplace_back(std::size_t{1} << 18, 0.0f, allocator);
-        grads.emplace_back(std::size_t{1} << 18, 1.0f, allocator);
-      }
-      for (std::size_t t = 0; t < grads.size(); ++t) {
-        params.push_back({"layer" + std::to_string(t), &values[t], &grads[t]});
-      }
+      large_model m(allocator);
       for (int step = 0; step < steps; ++step) {
-        shared.allreduce_grad(params, cohort::mean{});
+        shared.allreduce_grad(m.params, cohort::mean{});
       }
     };
     if (odd_one) {
@@ -157,21 +167,12 @@ int run(std::string_view mode, int argc, char** argv) {
   if (mode == "window_offsets_differ" || mode == "stalled_in_window") {
     // Gradients in the node's shared window, 1 MiB each (in place: reduced in the window).
     cohort::shared_memory<> shared(boost::mpi::communicator(), options);
-    using tensor = std::vector<float, cohort::shared_allocator<float>>;
     const auto alloc = shared.allocator<float>();
-    std::optional<tensor> misplaced;
+    std::optional<std::vector<float, cohort::shared_allocator<float>>> misplaced;
     if (mode == "window_offsets_differ" && odd_one) {
       misplaced.emplace(16, 0.0f, alloc); // its gradients 64 bytes further on than the others'
     }
-    std::vector<tensor> values, grads;
-    std::vector<cohort::parameter_ref<tensor>> params;
-    for (int t = 0; t < 4; ++t) {
-      values.emplace_back(std::size_t{1} << 18, 0.0f, alloc);
-      grads.emplace_back(std::size_t{1} << 18, 1.0f, alloc);
-    }
-    for (std::size_t t = 0; t < grads.size(); ++t) {
-      params.push_back({"layer" + std::to_string(t), &values[t], &grads[t]});
-    }
+    large_model m(alloc);
     for (int step = 0; step < 200; ++step) {
       if (mode == "stalled_in_window" && odd_one && step == at) {
         // Stops itself while the others are, most likely, inside an exchange in the window.
@@ -180,7 +181,7 @@ int run(std::string_view mode, int argc, char** argv) {
           std::raise(SIGSTOP);
         }).detach();
       }
-      shared.allreduce_grad(params, cohort::mean{});
+      shared.allreduce_grad(m.params, cohort::mean{});
     }
     say(world_rank, "trained without noticing");
     return 0;
