@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/grad_sync_report.hpp"
 #include "../common/mnist_data.hpp"
 
 namespace {
@@ -378,6 +379,9 @@ int train(const options& o) {
                   global.at("loss"), global.at("accuracy"));
       std::fflush(stdout);
     }
+    // The epoch's gradient reductions (host time to enqueue them: a device strategy's work is
+    // the device's).
+    report_grad_sync(comm, comm.rank() == 0);
   }
   const dataset test = materialise(test_shard);
   cohort::local_metrics test_metrics;

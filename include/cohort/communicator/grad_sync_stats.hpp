@@ -20,6 +20,8 @@ struct grad_sync_stats {
                              //!< collectives and time it spent before are counted below)
   std::uint64_t bytes = 0;   //!< gradient bytes reduced (this rank's, before any cast)
   std::uint64_t buckets = 0; //!< collectives run for them (a device strategy's as it counts them)
+  std::uint64_t carried = 0; //!< blocking steps of one small bucket reduced inside the step's
+                             //!< agreement: one round trip instead of two (counted in buckets)
   std::chrono::nanoseconds reducing{0};
   std::chrono::nanoseconds exposed{0};
 
@@ -27,6 +29,7 @@ struct grad_sync_stats {
     steps += o.steps;
     bytes += o.bytes;
     buckets += o.buckets;
+    carried += o.carried;
     reducing += o.reducing;
     exposed += o.exposed;
     return *this;

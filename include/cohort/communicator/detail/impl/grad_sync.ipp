@@ -57,6 +57,7 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
     if (carried) { // its one bucket was reduced in the agreement (traced as one event, below)
       reduction_.unpack_shared(0, slots, traced_host_packer{nullptr, trace_thread::trainer, 0});
       ++stats_.buckets;
+      ++stats_.carried;
       return;
     }
     if (s.device()) {
