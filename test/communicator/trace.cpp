@@ -391,15 +391,34 @@ BOOST_AUTO_TEST_CASE(a_paused_trace_records_nothing_until_resumed) {
     comm.barrier();
     comm.resume_trace();
     step(6);
+    // Overlapped steps: one paused after it began is recorded whole, one resumed after it began
+    // not at all (a step is traced as it began).
+    const auto overlapped = [&](std::size_t elements, auto between) {
+      value.assign(elements, 0.0f);
+      grad.assign(elements, 1.0f);
+      auto request = comm.begin_allreduce_grad(params, cohort::sum{});
+      between();
+      request.ready(0);
+      request.wait();
+      BOOST_TEST_REQUIRE(grad.back() == static_cast<float>(comm.size()));
+    };
+    overlapped(7, [&] { comm.pause_trace(); });
+    overlapped(8, [&] { comm.resume_trace(); });
   }
   const std::vector<event> events = read_trace(file_of(dir, probe.rank()));
   std::vector<event> steps;
   std::copy_if(events.begin(), events.end(), std::back_inserter(steps),
                [](const event& e) { return e.name == "allreduce_grad"; });
-  BOOST_TEST_REQUIRE(steps.size() == 2u);
+  BOOST_TEST_REQUIRE(steps.size() == 3u);
   BOOST_TEST(steps[0].bytes == 4 * sizeof(float));
   BOOST_TEST(steps[1].bytes == 6 * sizeof(float));
-  // Nothing between the two: the paused step, all-reduce and barrier left no span.
+  BOOST_TEST(steps[2].bytes == 7 * sizeof(float));
+  BOOST_TEST(steps[2].operation == "overlapped");
+  BOOST_TEST(steps[2].ts >= steps[1].end());
+  for (const event& e : events) {
+    BOOST_TEST(e.bytes != 8 * sizeof(float), e.name << " of a step begun paused");
+  }
+  // Nothing between the first two: the paused step, all-reduce and barrier left no span.
   for (const event& e : events) {
     BOOST_TEST((e.end() <= steps[0].end() + 0.002 || e.ts >= steps[1].ts - 0.002),
                e.name << " (" << e.operation << ") at " << e.ts << " recorded while paused");

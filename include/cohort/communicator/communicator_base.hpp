@@ -77,8 +77,8 @@ public:
   }
   //! Stops recording this rank's spans until `resume_trace`, to trace chosen steps only (as
   //! Horovod's stop_timeline and start_timeline); nothing where no trace is written. Each rank
-  //! decides for itself. Between steps, from the trainer's thread: a step already begun is
-  //! recorded as it was begun.
+  //! decides for itself. Between steps, from the trainer's thread: a gradient step already begun
+  //! keeps its step and bucket spans as it began (its agreements follow the switch).
   void pause_trace() const noexcept { set_trace_recording(false); }
   void resume_trace() const noexcept { set_trace_recording(true); }
 

@@ -198,6 +198,9 @@ private:
   void mark_ready(std::size_t index);
 
   bucketed_reduction reduction_;
+  // The trace of the step in flight, read once as it begins (null: not traced), so that a step
+  // is traced whole or not at all whatever pause_trace / resume_trace do meanwhile.
+  trace_recorder* step_trace_ = nullptr;
   // For the trace (only read when it is on): when the step began, and since when cohort's
   // thread has been waiting for its next bucket's gradients.
   std::uint64_t step_began_ = 0; // trace_ticks, when traced

@@ -47,11 +47,12 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
                                             std::string problem) {
   const profiler_range step("allreduce_grad (blocking)");
   const auto start = std::chrono::steady_clock::now();
-  const std::uint64_t began = c.trace() != nullptr ? trace_ticks::now() : 0;
+  step_trace_ = c.trace(); // (a pause or resume takes effect at the next step)
+  const std::uint64_t began = step_trace_ != nullptr ? trace_ticks::now() : 0;
   const bool carried = validate(c, s, table, missing, "blocking", std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
   const auto reducing = std::chrono::steady_clock::now();
-  trace_recorder* const trace = c.trace();
+  trace_recorder* const trace = step_trace_;
   c.fatal_on_failure("allreduce_grad", [&] {
     const std::span<const grad_slot> slots(slots_);
     if (carried) { // its one bucket was reduced in the agreement (traced as one event, below)
@@ -111,7 +112,8 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
                                   const reduction_table& table, missing_grad missing,
                                   const void* owner, std::string problem) {
   step_range_.open("allreduce_grad (overlapped)");
-  if (c.trace() != nullptr) {
+  step_trace_ = c.trace(); // (a pause or resume takes effect at the next step)
+  if (step_trace_ != nullptr) {
     step_began_ = trace_ticks::now();
   }
   try {
@@ -120,7 +122,7 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
     step_range_.close(); // no step began
     throw;
   }
-  if (c.trace() != nullptr) {
+  if (step_trace_ != nullptr) {
     reducer_idle_since_ = trace_ticks::now();
   }
   checks_ = &c;
@@ -204,7 +206,7 @@ COHORT_DECL void grad_sync::finish() {
   } done{*this};
   const checks& c = *checks_;
   const profiler_range waiting("wait");
-  const std::uint64_t waiting_since = c.trace() != nullptr ? trace_ticks::now() : 0;
+  const std::uint64_t waiting_since = step_trace_ != nullptr ? trace_ticks::now() : 0;
   // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
   worker_->wait();
   // A problem found after the last bucket left (a gradient marked twice, say): an error on
@@ -222,7 +224,7 @@ COHORT_DECL void grad_sync::finish() {
   stats_.exposed += end - start;
   stats_.bytes += step_bytes_;
   ++stats_.steps;
-  if (trace_recorder* const trace = c.trace()) {
+  if (trace_recorder* const trace = step_trace_) {
     const std::uint64_t now = trace_ticks::now();
     trace->span("wait", trace_thread::trainer, waiting_since, now, step_bytes_, -1,
                 "allreduce_grad (end of the step)");
@@ -277,7 +279,7 @@ COHORT_DECL void grad_sync::require_no_pending(const checks& c, std::string_view
 COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   const checks& c = *checks_;
   const bucket& k = reduction_.plan().buckets()[b];
-  trace_recorder* const trace = c.trace();
+  trace_recorder* const trace = step_trace_;
   if (trace != nullptr) {
     trace->span("wait for readiness", trace_thread::reducer, reducer_idle_since_,
                 trace_ticks::now(), k.count * size_of(k.plan.wire), static_cast<std::int64_t>(b));
@@ -339,7 +341,7 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
   step_bytes_ = bytes;
   // A blocking step of one small packed bucket: packed now (the gradients are only read), it
   // travels in the agreement's own messages, one round trip instead of two.
-  trace_recorder* const trace = c.trace();
+  trace_recorder* const trace = step_trace_;
   tensor_view carried;
   reduce_op carried_op = reduce_op::sum;
   if (problem.empty() && usable && mode == "blocking" && s.exchange_is_allreduce &&
