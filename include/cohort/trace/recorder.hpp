@@ -60,7 +60,8 @@ public:
                (serial_ == 0 ? std::string() : ".comm" + std::to_string(serial_)) + ".json"))
       , format_(rank, serial_, strategy)
       , max_bytes_(max_bytes)
-      , anchor_(trace_ticks::anchor::take()) {
+      , first_anchor_(trace_ticks::anchor::take())
+      , anchor_(first_anchor_) {
     std::error_code code;
     std::filesystem::create_directories(directory, code);
     file_.reset(std::fopen(path_.c_str(), "w"));
@@ -194,7 +195,7 @@ private:
   // nothing more is recorded.
   void write_events(const std::vector<trace_event>& events,
                     const trace_ticks::anchor& now) noexcept {
-    const trace_ticks::converter at(std::exchange(anchor_, now), now);
+    const trace_ticks::converter at(first_anchor_, std::exchange(anchor_, now), now);
     if (events.empty()) {
       return;
     }
@@ -220,6 +221,9 @@ private:
         recorded_ += one.size();
       }
       write(text_);
+      if (text_.capacity() > (std::size_t{8} << 20)) {
+        std::string().swap(text_); // (a batch the disk fell behind on: not kept for the run)
+      }
     } catch (...) {
       // (no memory to format them: these events are lost, not the run)
     }
@@ -324,6 +328,7 @@ private:
   std::vector<trace_event> taken_;   // being written, by the writer
   std::string text_;                 // what the writer formats into
   std::uint64_t recorded_ = 0;       // bytes in the file
+  trace_ticks::anchor first_anchor_; // when the recorder began (the rate's baseline)
   trace_ticks::anchor anchor_;       // when the events last written were taken
   bool full_ = false;
   bool stopping_ = false;

@@ -45,15 +45,17 @@ public:
     static anchor take() noexcept { return {now(), clock::now()}; }
   };
 
-  //! Counts to time between two anchors (a count a little outside them is extrapolated): exact
-  //! for steady_clock's own counts, within the two reads' skew for the counter. The rate is
-  //! computed once, for the writer's batch of events.
+  //! Counts to time from anchor `from` on, at the rate measured from `first` to `to` (a count a
+  //! little before `from` or after `to` is extrapolated): exact for steady_clock's own counts,
+  //! within the reads' skew for the counter. The rate is computed once, for the writer's batch of
+  //! events, and over the longest baseline there is (`first`: the recorder's first anchor), so that
+  //! a short batch, or a thread preempted between an anchor's two reads, does not skew it.
   class converter {
   public:
-    converter(const anchor& from, const anchor& to) noexcept
+    converter(const anchor& first, const anchor& from, const anchor& to) noexcept
         : from_(from) {
-      const auto span = static_cast<double>(to.ticks - from.ticks);
-      per_tick_ = span > 0 ? static_cast<double>((to.time - from.time).count()) / span : 1.0;
+      const auto span = static_cast<double>(to.ticks - first.ticks);
+      per_tick_ = span > 0 ? static_cast<double>((to.time - first.time).count()) / span : 1.0;
     }
     clock::time_point operator()(std::uint64_t ticks) const noexcept {
       const double offset =
