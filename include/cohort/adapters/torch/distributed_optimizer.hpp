@@ -16,10 +16,10 @@
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/adapters/torch/window.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
-#include <cohort/memory/shared_arena.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/reducer/mean.hpp>
@@ -84,33 +84,6 @@ constexpr bool may_reduce_device_memory() {
   };
 }
 
-// A communicator whose ranks share a window the gradients may live in (shared_memory).
-template <class Communicator>
-concept shares_a_window = requires(const Communicator& c) {
-  { c.arena() } -> std::convertible_to<const std::shared_ptr<shared_arena>&>;
-};
-
-// A zero gradient for `value`: in the communicator's shared window where it has one and the
-// value is a dense CPU tensor, so that it is reduced there (in the same order on every rank, so
-// at the same offsets); else LibTorch's own. What does not fit comes from LibTorch.
-template <class Communicator>
-at::Tensor zero_gradient(const Communicator& comm, const at::Tensor& value) {
-  if constexpr (shares_a_window<Communicator>) {
-    if (value.device().is_cpu() && value.layout() == c10::kStrided) {
-      std::shared_ptr<shared_arena> arena = comm.arena();
-      const std::size_t bytes = static_cast<std::size_t>(value.numel()) * value.element_size();
-      if (void* p = arena->allocate(bytes)) {
-        std::memset(p, 0, bytes);
-        return at::from_blob(
-            p, value.sizes(),
-            [arena = std::move(arena), bytes](void* q) { arena->deallocate(q, bytes); },
-            value.options().requires_grad(false));
-      }
-    }
-  }
-  return at::zeros_like(value);
-}
-
 } // namespace detail
 
 //! How cohort's work is ordered with LibTorch's. A host strategy needs nothing: the gradients are
@@ -169,17 +142,7 @@ public:
       comm.broadcast_parameters(rest, options_.root);
     }
     broadcast_optimizer_state(comm, inner(), torch::all_parameters(module), options_.root);
-    if constexpr (detail::shares_a_window<Communicator>) {
-      // Every gradient in the window from the start, kept there by zero_grad.
-      const ::torch::NoGradGuard no_grad;
-      for (parameter& p : params_) {
-        at::Tensor grad = detail::zero_gradient(comm, p.value);
-        if (p.value.grad().defined()) {
-          grad.copy_(p.value.grad());
-        }
-        p.value.mutable_grad() = grad;
-      }
-    }
+    detail::place_gradients_in_window(comm, params_); // (kept there by zero_grad)
     if (overlapping()) {
       try {
         hooks_.reserve(params_.size());
