@@ -195,3 +195,39 @@ BOOST_AUTO_TEST_CASE(each_epoch_splits_a_new_global_permutation) {
     }
   }
 }
+
+// Issue 15: the synchronized iterator. Every rank the whole dataset in one order, a new one each
+// epoch when shuffling, the same on every rank even without a seed; sizes that differ are an
+// error on every rank.
+BOOST_AUTO_TEST_CASE(synchronized_index_gives_every_rank_the_same_order) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const std::size_t n = 37;
+  auto shuffled = cohort::synchronized_index(n, comm, {.shuffle = true}); // the root's random seed
+  const auto in_order = cohort::synchronized_index(n, comm);
+  std::vector<std::size_t> expected(n);
+  std::iota(expected.begin(), expected.end(), std::size_t{0});
+  BOOST_TEST((in_order.indices() == expected));
+  std::vector<std::vector<std::size_t>> epochs;
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+    shuffled.set_epoch(epoch);
+    const std::vector<std::size_t>& mine = shuffled.indices();
+    for (const auto& theirs : comm.allgather_obj(mine)) {
+      BOOST_TEST_REQUIRE((theirs == mine), "epoch " << epoch << ": the ranks' orders differ");
+    }
+    std::vector<std::size_t> sorted = mine;
+    std::sort(sorted.begin(), sorted.end());
+    BOOST_TEST_REQUIRE((sorted == expected), "epoch " << epoch << " is not a permutation");
+    epochs.push_back(mine);
+  }
+  BOOST_TEST((epochs[0] != expected)); // shuffled (37! orders: the identity is not drawn)
+  BOOST_TEST((epochs[1] != epochs[0]));
+  BOOST_TEST((epochs[2] != epochs[1]));
+  if (comm.size() < 2) {
+    return;
+  }
+  const int last = comm.size() - 1;
+  BOOST_CHECK_EXCEPTION(cohort::synchronized_index(comm.rank() == last ? 36 : 37, comm),
+                        cohort::mismatch_error,
+                        message_has({"synchronized_index", "37 examples on rank 0",
+                                     "36 on rank " + std::to_string(last)}));
+}

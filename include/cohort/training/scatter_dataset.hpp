@@ -230,6 +230,20 @@ index_shard scatter_index(std::size_t n, Communicator& comm, const scatter_optio
                      plan.force_equal_length);
 }
 
+//! Every position 0..n-1, in the same order on every rank of `comm` (collective): ChainerMN's
+//! synchronized iterator, which model parallelism needs (the ranks that hold the parts of one
+//! model must see the same batches in the same order). When shuffling, each `set_epoch` draws a
+//! new order, the same on every rank, from the root's seed (drawn at random and shared when none
+//! is given); no data moves. Every rank must pass the same `n` (else `mismatch_error` on every
+//! rank, naming both sizes); n = 0 throws `invalid_argument` on every rank.
+template <communicator Communicator>
+index_shard synchronized_index(std::size_t n, Communicator& comm,
+                               const scatter_options& options = {}) {
+  const auto plan = detail::agree_on_plan(comm, n, options, "synchronized_index", true);
+  // One shard of the whole: what scatter_index gives a job of one rank, on every rank.
+  return index_shard(plan.total, 1, 0, plan.shuffle, plan.seed, true);
+}
+
 //! This rank's examples, received from the root by `scatter_dataset`: itself a dataset. When
 //! shuffling, `set_epoch` reorders this rank's own examples; which examples a rank has is fixed
 //! when they are sent (moving them each epoch would send the dataset again). Where every rank can
