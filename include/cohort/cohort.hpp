@@ -37,6 +37,7 @@
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/tensor/traits.hpp>
 #include <cohort/training/distributed_optimizer.hpp>
+#include <cohort/training/early_stopping.hpp>
 #include <cohort/training/evaluator.hpp>
 #include <cohort/training/scatter_dataset.hpp>
 #include <cohort/transport/mpi.hpp>

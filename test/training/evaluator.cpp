@@ -66,3 +66,61 @@ BOOST_AUTO_TEST_CASE(metric_names_must_agree) {
   BOOST_CHECK_EXCEPTION(cohort::allreduce_mean(comm, empty_weight), cohort::invalid_argument,
                         message_has({"'nothing'", "no samples"}));
 }
+
+namespace {
+// Evaluations whose mean over the ranks is `means[e]` (each rank off by its own amount, the
+// offsets summing to zero), until `stopper` says stop: the evaluation it stopped at (1, 2, ...),
+// or 0 if it never did; checked the same on every rank.
+int stops_at(cohort::flat& comm, cohort::early_stopping& stopper, const std::vector<double>& means,
+             const std::string& name = "loss") {
+  const double offset = 0.25 * (comm.rank() - (comm.size() - 1) / 2.0);
+  int stopped = 0;
+  for (std::size_t e = 0; e < means.size() && stopped == 0; ++e) {
+    cohort::local_metrics metrics;
+    metrics.add(name, means[e] + offset);
+    if (stopper.update(comm, metrics)) {
+      stopped = static_cast<int>(e) + 1;
+    }
+  }
+  for (const int theirs : comm.allgather_obj(stopped)) {
+    BOOST_TEST_REQUIRE(theirs == stopped, "the ranks stopped at different evaluations");
+  }
+  return stopped;
+}
+} // namespace
+
+// Issue 15: an early-stopping trigger every rank agrees on, from the exact cross-rank mean.
+BOOST_AUTO_TEST_CASE(early_stopping_decides_the_same_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  {
+    // Best 4.0 at evaluation 2; 4.5 and 4.2 do not improve on it: stops at 4 with patience 2.
+    cohort::early_stopping stopper({.patience = 2});
+    BOOST_TEST(stops_at(comm, stopper, {5.0, 4.0, 4.5, 4.2, 3.0}) == 4);
+    BOOST_TEST(stopper.best() == 4.0, boost::test_tools::tolerance(1e-12));
+    BOOST_TEST(stopper.best_evaluation() == 2);
+    BOOST_TEST(stopper.last() == 4.2, boost::test_tools::tolerance(1e-12));
+  }
+  {
+    // min_delta: 3.98 and 3.97 are within 0.05 of the best (4.0), 3.9 is not.
+    cohort::early_stopping stopper({.patience = 3, .min_delta = 0.05});
+    BOOST_TEST(stops_at(comm, stopper, {4.0, 3.98, 3.97, 3.9, 3.89, 3.88, 3.87}) == 7);
+    BOOST_TEST(stopper.best_evaluation() == 4);
+  }
+  {
+    // An accuracy: larger is better; it keeps improving, so it never stops.
+    cohort::early_stopping stopper({.monitor = "accuracy", .maximize = true, .patience = 1});
+    BOOST_TEST(stops_at(comm, stopper, {0.5, 0.6, 0.7, 0.8}, "accuracy") == 0);
+    BOOST_TEST(stopper.best() == 0.8, boost::test_tools::tolerance(1e-12));
+    BOOST_TEST(stops_at(comm, stopper, {0.7}, "accuracy") == 1); // worse, patience 1
+  }
+  // A metric the evaluation does not have: an error on every rank.
+  cohort::early_stopping stopper({.monitor = "accuracy"});
+  cohort::local_metrics metrics;
+  metrics.add("loss", 1.0);
+  BOOST_CHECK_EXCEPTION(stopper.update(comm, metrics), cohort::invalid_argument,
+                        message_has({"early_stopping", "no metric 'accuracy'"}));
+  BOOST_CHECK_EXCEPTION(cohort::early_stopping({.patience = 0}), cohort::invalid_argument,
+                        message_has({"patience must be at least 1 (it is 0)"}));
+  BOOST_CHECK_EXCEPTION(cohort::early_stopping({.min_delta = -1.0}), cohort::invalid_argument,
+                        message_has({"min_delta"}));
+}
