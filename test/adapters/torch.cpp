@@ -369,6 +369,47 @@ BOOST_AUTO_TEST_CASE(broadcast_module_copies_parameters_and_buffers_from_the_roo
   BOOST_TEST(torch::equal(weight, norm->weight.detach()));
 }
 
+// Issue 15: ChainerMN's AllreducePersistent. Running statistics that differ by rank become their
+// mean over the ranks, the same on every rank; the step counter stays.
+BOOST_AUTO_TEST_CASE(average_buffers_gives_every_rank_the_mean_running_statistics) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  torch::manual_seed(static_cast<std::uint64_t>(comm.rank()));
+  torch::nn::BatchNorm1d norm(4);
+  norm->train();
+  norm->forward(torch::randn({8, 4}) * (comm.rank() + 1));
+  const auto as_vector = [](const at::Tensor& t) {
+    const at::Tensor c = t.contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  };
+  const auto means = comm.allgather_obj(as_vector(norm->running_mean));
+  const auto vars = comm.allgather_obj(as_vector(norm->running_var));
+  cohort::torch::average_buffers(comm, *norm);
+  for (std::size_t i = 0; i < 4; ++i) {
+    double mean = 0, var = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      mean += means[static_cast<std::size_t>(r)][i] / comm.size();
+      var += vars[static_cast<std::size_t>(r)][i] / comm.size();
+    }
+    BOOST_TEST(norm->running_mean[static_cast<std::int64_t>(i)].item<float>() == mean,
+               boost::test_tools::tolerance(1e-5));
+    BOOST_TEST(norm->running_var[static_cast<std::int64_t>(i)].item<float>() == var,
+               boost::test_tools::tolerance(1e-5));
+  }
+  for (const auto& theirs : comm.allgather_obj(as_vector(norm->running_mean))) {
+    BOOST_TEST((theirs == as_vector(norm->running_mean))); // bit for bit on every rank
+  }
+  BOOST_TEST(norm->num_batches_tracked.item<std::int64_t>() == 1);
+  if (comm.size() < 2) {
+    return;
+  }
+  // Another model on the last rank: an error on every rank, naming the buffer.
+  const int last = comm.size() - 1;
+  torch::nn::BatchNorm1d other(comm.rank() == last ? 5 : 4);
+  BOOST_CHECK_EXCEPTION(cohort::torch::average_buffers(comm, *other), cohort::mismatch_error,
+                        message_has({"average_buffers", "running_mean (4 Float) on rank 0",
+                                     "running_mean (5 Float) on rank " + std::to_string(last)}));
+}
+
 namespace {
 // A model with a branch that a rank may skip: its parameters then get no gradient.
 struct branchy_impl : torch::nn::Module {

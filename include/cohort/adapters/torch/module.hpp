@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// A LibTorch module's parameters and buffers as cohort parameter sets, and their broadcast.
+// A LibTorch module's parameters and buffers as cohort parameter sets, their broadcast, and the
+// buffers' average over the ranks.
 
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
 #include <cohort/tensor/parameter.hpp>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <torch/nn/module.h>
@@ -84,6 +90,68 @@ void broadcast_module(Communicator& comm, const ::torch::nn::Module& module, int
     all.push_back(std::move(p));
   }
   comm.broadcast_parameters(all, root);
+}
+
+//! Replaces every floating-point buffer of `module` (BatchNorm's running statistics, say) with
+//! its mean over the ranks (collective): ChainerMN's AllreducePersistent, before an evaluation or
+//! a checkpoint, so that every replica evaluates and saves the same statistics. 16-bit buffers are
+//! summed in float32. Integer buffers (`num_batches_tracked`) are left as they are: they count
+//! steps, which the ranks take alike. The ranks first agree on the buffers' names, sizes and
+//! dtypes (else `mismatch_error` on every rank, naming the first that differs).
+template <class Communicator>
+void average_buffers(Communicator& comm, const ::torch::nn::Module& module) {
+  std::vector<parameter> floating;
+  for (parameter& b : buffers(module)) {
+    if (b.value.is_floating_point()) {
+      floating.push_back(std::move(b));
+    }
+  }
+  // The ranks agree on what they average first (a bad layout would otherwise be averaged into
+  // nonsense wherever its total size happened to match).
+  std::vector<std::string> mine;
+  mine.reserve(floating.size());
+  for (const parameter& b : floating) {
+    mine.push_back(b.name + " (" + std::to_string(b.value.numel()) + " " +
+                   std::string(c10::toString(b.value.scalar_type())) + ")");
+  }
+  const std::vector<std::vector<std::string>> all = comm.allgather_obj(mine);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r] != all[0]) {
+      std::size_t i = 0;
+      while (i < all[0].size() && i < all[r].size() && all[0][i] == all[r][i]) {
+        ++i;
+      }
+      const auto item = [&](std::size_t rank) {
+        return i < all[rank].size() ? "buffer " + all[rank][i] : std::string("no buffer");
+      };
+      throw mismatch_error("cohort: average_buffers: floating-point buffer #" + std::to_string(i) +
+                           " is " + item(0) + " on rank 0 but " + item(r) + " on rank " +
+                           std::to_string(r));
+    }
+  }
+  if (floating.empty()) {
+    return;
+  }
+  const ::torch::NoGradGuard no_grad;
+  // One all-reduce of every buffer, packed in float32 (or float64 where a buffer is), in name
+  // order: the ranks agree on the layout in that one call.
+  const bool wide = std::any_of(floating.begin(), floating.end(), [](const parameter& b) {
+    return b.value.scalar_type() == at::kDouble;
+  });
+  std::vector<at::Tensor> flat;
+  flat.reserve(floating.size());
+  for (const parameter& b : floating) {
+    flat.push_back(b.value.detach().reshape({-1}).to(wide ? at::kDouble : at::kFloat));
+  }
+  at::Tensor packed = at::cat(flat);
+  comm.allreduce(packed, reduce_op::sum);
+  packed.div_(comm.size());
+  std::int64_t at = 0;
+  for (parameter& b : floating) {
+    const std::int64_t n = b.value.numel();
+    b.value.detach().copy_(packed.narrow(0, at, n).view(b.value.sizes()));
+    at += n;
+  }
 }
 
 } // namespace torch
