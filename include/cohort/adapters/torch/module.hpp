@@ -133,8 +133,8 @@ void average_buffers(Communicator& comm, const ::torch::nn::Module& module) {
     return;
   }
   const ::torch::NoGradGuard no_grad;
-  // One all-reduce of every buffer, packed in float32 (or float64 where a buffer is), in name
-  // order: the ranks agree on the layout in that one call.
+  // One all-reduce of every buffer, packed in float32 (or float64 where a buffer is) in the
+  // order agreed above.
   const bool wide = std::any_of(floating.begin(), floating.end(), [](const parameter& b) {
     return b.value.scalar_type() == at::kDouble;
   });
@@ -146,11 +146,11 @@ void average_buffers(Communicator& comm, const ::torch::nn::Module& module) {
   at::Tensor packed = at::cat(flat);
   comm.allreduce(packed, reduce_op::sum);
   packed.div_(comm.size());
-  std::int64_t at = 0;
+  std::int64_t offset = 0;
   for (parameter& b : floating) {
     const std::int64_t n = b.value.numel();
-    b.value.detach().copy_(packed.narrow(0, at, n).view(b.value.sizes()));
-    at += n;
+    b.value.detach().copy_(packed.narrow(0, offset, n).view(b.value.sizes()));
+    offset += n;
   }
 }
 
