@@ -411,6 +411,79 @@ BOOST_AUTO_TEST_CASE(average_buffers_gives_every_rank_the_mean_running_statistic
 }
 
 namespace {
+// Each rank's slice of a batch of n * b examples (the same on every rank, from one seed),
+// normalised by multi_node_batch_norm, against torch::nn::BatchNorm1d over the whole batch in one
+// process: outputs, input gradients, the weight's and bias's gradients summed over the ranks, and
+// the running statistics.
+template <class T>
+void check_batch_norm(cohort::flat& comm, double tolerance) {
+  const auto dtype = std::is_same_v<T, double> ? torch::kDouble : torch::kFloat;
+  const std::int64_t b = 3, channels = 4, length = 5;
+  const std::int64_t n = comm.size(), at = comm.rank() * b;
+  torch::manual_seed(7);
+  const at::Tensor all = torch::randn({n * b, channels, length}, dtype) * 3 + 1;
+  const at::Tensor upstream = torch::randn({n * b, channels, length}, dtype);
+  torch::nn::BatchNorm1d reference(channels);
+  reference->to(dtype);
+  cohort::torch::multi_node_batch_norm mine(comm, channels);
+  mine->to(dtype);
+  for (int step = 0; step < 2; ++step) { // twice: the running statistics move twice
+    const at::Tensor whole = all.clone().requires_grad_();
+    const at::Tensor expected = reference(whole);
+    (expected * upstream).sum().backward();
+    const at::Tensor slice = all.narrow(0, at, b).clone().requires_grad_();
+    const at::Tensor got = mine(slice);
+    (got * upstream.narrow(0, at, b)).sum().backward();
+    BOOST_TEST_REQUIRE(torch::allclose(got, expected.narrow(0, at, b), tolerance, tolerance),
+                       "outputs differ at step " << step);
+    BOOST_TEST_REQUIRE(
+        torch::allclose(slice.grad(), whole.grad().narrow(0, at, b), tolerance, tolerance),
+        "input gradients differ at step " << step);
+  }
+  at::Tensor dweight = mine->weight.grad().clone();
+  at::Tensor dbias = mine->bias.grad().clone();
+  comm.allreduce(dweight);
+  comm.allreduce(dbias);
+  BOOST_TEST(torch::allclose(dweight, reference->weight.grad(), tolerance, tolerance));
+  BOOST_TEST(torch::allclose(dbias, reference->bias.grad(), tolerance, tolerance));
+  BOOST_TEST(torch::allclose(mine->running_mean, reference->running_mean, tolerance, tolerance));
+  BOOST_TEST(torch::allclose(mine->running_var, reference->running_var, tolerance, tolerance));
+  BOOST_TEST(mine->num_batches_tracked.item<std::int64_t>() == 2);
+  // The same running statistics on every rank, bit for bit.
+  at::Tensor root_mean = mine->running_mean.clone();
+  comm.broadcast(root_mean, 0);
+  BOOST_TEST(torch::equal(root_mean, mine->running_mean));
+  // Evaluation normalises with them, without communication.
+  mine->eval();
+  reference->eval();
+  BOOST_TEST(torch::allclose(mine(all), reference(all), tolerance, tolerance));
+}
+} // namespace
+
+// Issue 15: ChainerMN's MultiNodeBatchNormalization.
+BOOST_AUTO_TEST_CASE(multi_node_batch_norm_matches_batch_norm_over_the_whole_batch) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  check_batch_norm<double>(comm, 1e-10);
+  check_batch_norm<float>(comm, 1e-5);
+  // A half-precision input is normalised with float32 statistics.
+  cohort::torch::multi_node_batch_norm half(comm, 2);
+  const at::Tensor x = (torch::arange(12, torch::kFloat).view({6, 2}) * 100).to(torch::kHalf);
+  const at::Tensor y = half(x).to(torch::kFloat);
+  BOOST_TEST(y.scalar_type() == torch::kFloat);
+  BOOST_TEST(torch::allclose(y.mean(0), torch::zeros({2}), 1e-3, 1e-3));
+  // Another number of channels on one rank: an error on every rank, never a hang.
+  cohort::torch::multi_node_batch_norm norm(comm, 3);
+  BOOST_CHECK_EXCEPTION(norm(torch::ones({2, 4})), cohort::invalid_argument,
+                        message_has({"multi_node_batch_norm of 3 channels", "[2, 4]"}));
+  if (comm.size() > 1) {
+    const int last = comm.size() - 1;
+    const std::int64_t c = comm.rank() == last ? 5 : 4;
+    cohort::torch::multi_node_batch_norm odd(comm, c);
+    BOOST_CHECK_THROW(odd(torch::randn({2, c})), cohort::mismatch_error);
+  }
+}
+
+namespace {
 // A model with a branch that a rank may skip: its parameters then get no gradient.
 struct branchy_impl : torch::nn::Module {
   torch::nn::Linear trunk{nullptr}, branch{nullptr};

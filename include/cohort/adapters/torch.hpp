@@ -10,6 +10,7 @@
 // `cohort::torch` CMake target. Written against the API that LibTorch 1.13 and 2.x share;
 // nothing of c10d or ProcessGroup (internal, and changed between versions).
 
+#include <cohort/adapters/torch/batch_norm.hpp>
 #include <cohort/adapters/torch/distributed_optimizer.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
