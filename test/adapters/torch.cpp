@@ -483,6 +483,63 @@ BOOST_AUTO_TEST_CASE(multi_node_batch_norm_matches_batch_norm_over_the_whole_bat
   }
 }
 
+// Issue 15: differentiable collectives, against the same computation in one process (float64).
+// Rank r's input and its loss's weights come from seeds of r, so that every rank can build the
+// whole computation and its gradients alone.
+BOOST_AUTO_TEST_CASE(differentiable_collectives_match_one_process) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const std::int64_t n = comm.size(), r = comm.rank();
+  const auto input = [](std::int64_t rank) {
+    torch::manual_seed(static_cast<std::uint64_t>(rank));
+    return torch::randn({2, 3}, torch::kDouble);
+  };
+  const auto weights = [](std::int64_t rank, std::int64_t rows) {
+    torch::manual_seed(static_cast<std::uint64_t>(100 + rank));
+    return torch::randn({rows, 3}, torch::kDouble);
+  };
+  std::vector<at::Tensor> every;
+  for (std::int64_t q = 0; q < n; ++q) {
+    every.push_back(input(q).requires_grad_());
+  }
+  {
+    // allreduce: the loss of rank q is (w_q * sum of x).sum().
+    const at::Tensor x = input(r).requires_grad_();
+    const at::Tensor y = cohort::torch::allreduce(comm, x);
+    (weights(r, 2) * y).sum().backward();
+    const at::Tensor whole = torch::stack(every).sum(0);
+    at::Tensor loss = torch::zeros({}, torch::kDouble);
+    for (std::int64_t q = 0; q < n; ++q) {
+      loss = loss + (weights(q, 2) * whole).sum();
+    }
+    loss.backward();
+    BOOST_TEST(torch::allclose(y, whole, 1e-12, 1e-12));
+    BOOST_TEST(torch::allclose(x.grad(), every[static_cast<std::size_t>(r)].grad(), 1e-12, 1e-12));
+  }
+  for (at::Tensor& e : every) {
+    e.mutable_grad().reset();
+  }
+  {
+    // allgather: the loss of rank q is (w_q * every x, stacked).sum().
+    const at::Tensor x = input(r).requires_grad_();
+    const at::Tensor y = cohort::torch::allgather(comm, x);
+    (weights(r, 2 * n) * y).sum().backward();
+    const at::Tensor whole = torch::cat(every);
+    at::Tensor loss = torch::zeros({}, torch::kDouble);
+    for (std::int64_t q = 0; q < n; ++q) {
+      loss = loss + (weights(q, 2 * n) * whole).sum();
+    }
+    loss.backward();
+    BOOST_TEST(torch::allclose(y, whole.detach(), 1e-12, 1e-12));
+    BOOST_TEST(torch::allclose(x.grad(), every[static_cast<std::size_t>(r)].grad(), 1e-12, 1e-12));
+  }
+  if (n > 1) {
+    // Another shape on the last rank: an error on every rank, never a hang.
+    const at::Tensor odd = torch::ones({r == n - 1 ? 3 : 2, 3}, torch::kDouble);
+    BOOST_CHECK_THROW(cohort::torch::allreduce(comm, odd), cohort::mismatch_error);
+    BOOST_CHECK_THROW(cohort::torch::allgather(comm, odd), cohort::mismatch_error);
+  }
+}
+
 namespace {
 // A model with a branch that a rank may skip: its parameters then get no gradient.
 struct branchy_impl : torch::nn::Module {

@@ -12,6 +12,7 @@
 
 #include <cohort/adapters/torch/batch_norm.hpp>
 #include <cohort/adapters/torch/distributed_optimizer.hpp>
+#include <cohort/adapters/torch/functions.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
