@@ -33,6 +33,11 @@ using rank_sum = std::function<void(at::Tensor&)>;
 
 namespace detail {
 
+// The dtype statistics are kept in: float32 at least (float64 for float64 inputs).
+inline at::ScalarType accumulation_type(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // The dimensions reduced per channel: all but dimension 1.
 inline std::vector<std::int64_t> batch_dims(const at::Tensor& x) {
   std::vector<std::int64_t> dims{0};
@@ -57,7 +62,7 @@ struct batch_norm_function : ::torch::autograd::Function<batch_norm_function> {
                             const at::Tensor& weight, const at::Tensor& bias, const rank_sum* sum,
                             double eps, at::Tensor mean_out, at::Tensor var_out,
                             at::Tensor total_out) {
-    const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType acc = detail::accumulation_type(x);
     const at::Tensor xa = x.to(acc);
     const auto dims = batch_dims(x);
     const std::int64_t channels = x.size(1);
@@ -170,8 +175,8 @@ public:
     }
     const at::Tensor w = options_.affine ? weight : ::torch::ones({channels_}, x.options());
     const at::Tensor b = options_.affine ? bias : ::torch::zeros({channels_}, x.options());
+    const at::ScalarType acc = detail::accumulation_type(x);
     if (!is_training() && options_.track_running_stats) {
-      const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
       const at::Tensor xa = x.to(acc);
       const at::Tensor invstd = (running_var.to(acc) + options_.eps).rsqrt();
       const at::Tensor y = (xa - detail::per_channel(running_mean.to(acc), xa)) *
@@ -181,7 +186,6 @@ public:
       return y.to(x.scalar_type());
     }
     // Every rank calls this with a batch, however small (an empty one counts no values).
-    const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     at::Tensor mean = ::torch::empty({channels_}, x.options().dtype(acc));
     at::Tensor var = ::torch::empty({channels_}, x.options().dtype(acc));
     at::Tensor total = ::torch::empty({1}, x.options().dtype(acc));
