@@ -154,6 +154,77 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_allgather_reduce_scatter, Strategy, stra
   }
 }
 
+// Gather and scatter, at every root: the whole exists on the root only.
+BOOST_AUTO_TEST_CASE_TEMPLATE(gather_and_scatter_at_every_root, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size(), r = comm.rank();
+  for (int root = 0; root < n; ++root) {
+    for (const std::size_t per_rank : {std::size_t{0}, std::size_t{3}}) {
+      const auto mine = cohort::test::filled<double>(per_rank, r);
+      std::vector<double> all(r == root ? per_rank * static_cast<std::size_t>(n) : 0);
+      comm.gather(mine, all, root);
+      std::vector<double> back(per_rank);
+      comm.scatter(all, back, root);
+      BOOST_TEST(back == mine);
+      if (r == root) {
+        for (int q = 0; q < n; ++q) {
+          for (std::size_t i = 0; i < per_rank; ++i) {
+            BOOST_TEST_REQUIRE(all[static_cast<std::size_t>(q) * per_rank + i] ==
+                               closed_form(i, q));
+          }
+        }
+      }
+    }
+  }
+  if (n > 1) {
+    // A block of another size on the last rank, or a root's whole of the wrong size: an error on
+    // every rank.
+    std::vector<float> block(r == n - 1 ? 3 : 2), whole(static_cast<std::size_t>(2 * n));
+    BOOST_CHECK_THROW(comm.gather(block, whole, 0), cohort::mismatch_error);
+    std::vector<float> two(2), short_whole(r == 0 ? 1 : 0);
+    BOOST_CHECK_EXCEPTION(comm.scatter(short_whole, two, 0), cohort::error,
+                          message_has({"scatter", "rank 0"}));
+  }
+}
+
+// Block q of rank r's input is (r, q, i); it lands at rank q in block r.
+BOOST_AUTO_TEST_CASE_TEMPLATE(alltoall_exchanges_blocks, Strategy, strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size(), r = comm.rank();
+  for (const int per_rank : {0, 1, 5}) {
+    const auto code = [per_rank](int from, int to, int i) {
+      return static_cast<std::int64_t>((from * 100 + to) * 100 + i);
+    };
+    std::vector<std::int64_t> in(static_cast<std::size_t>(per_rank * n));
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < per_rank; ++i) {
+        in[static_cast<std::size_t>(q * per_rank + i)] = code(r, q, i);
+      }
+    }
+    std::vector<std::int64_t> out(in.size());
+    comm.alltoall(in, out);
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < per_rank; ++i) {
+        BOOST_TEST_REQUIRE(out[static_cast<std::size_t>(q * per_rank + i)] == code(q, r, i));
+      }
+    }
+  }
+  // One rank's blocks of another size, or a count that does not split: an error on every rank.
+  std::vector<float> in(static_cast<std::size_t>(n * (r == n - 1 ? 3 : 2)));
+  std::vector<float> out(in.size());
+  if (n > 1) {
+    BOOST_CHECK_THROW(comm.alltoall(in, out), cohort::mismatch_error);
+  }
+  std::vector<float> uneven(static_cast<std::size_t>(n + (r == 0 ? 1 : 0))), wrong(uneven.size());
+  if (n > 1) {
+    BOOST_CHECK_EXCEPTION(comm.alltoall(uneven, wrong), cohort::error,
+                          message_has({"alltoall", "rank 0", "do not split"}));
+  }
+  std::vector<float> shorter(in.size() - static_cast<std::size_t>(n));
+  BOOST_CHECK_EXCEPTION(comm.alltoall(in, shorter), cohort::error,
+                        message_has({"alltoall", "elements but the output has"}));
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(point_to_point, Strategy, strategies) {
   auto comm = cohort::make_communicator<Strategy>();
   const int n = comm.size();

@@ -188,6 +188,18 @@ public:
   void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
     call([&](auto& c) { c.reduce_scatter(in, out, op); });
   }
+  template <class In, class Out>
+  void gather(const In& in, Out& out, int root = 0) {
+    call([&](auto& c) { c.gather(in, out, root); });
+  }
+  template <class In, class Out>
+  void scatter(const In& in, Out& out, int root = 0) {
+    call([&](auto& c) { c.scatter(in, out, root); });
+  }
+  template <class In, class Out>
+  void alltoall(const In& in, Out& out) {
+    call([&](auto& c) { c.alltoall(in, out); });
+  }
   template <class T>
   void send(const T& t, int dest, int tag = 0) {
     call([&](auto& c) { c.send(t, dest, tag); });

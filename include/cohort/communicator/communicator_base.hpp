@@ -168,6 +168,47 @@ public:
     mpi::reduce_scatter(comm_, i, o, op);
   }
 
+  //! Gathers every rank's `in` into `root`'s `out` (size() * in's size elements, rank r's at
+  //! r * n). Elsewhere `out` is neither read nor written (an empty tensor will do).
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void gather(const In& in, Out& out, int root = 0) {
+    detail::operation_scope scope("gather");
+    const auto [i, o] = rooted_blocks(in, out, "gather", false, root);
+    const auto watch = checks_.watch_transfer("gather", o.size_bytes() + i.size_bytes());
+    mpi::gather(comm_, i, o, root);
+  }
+
+  //! Scatters `root`'s `in` (size() * out's size elements): rank r gets block r in `out`.
+  //! Elsewhere `in` is not read (an empty tensor will do).
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void scatter(const In& in, Out& out, int root = 0) {
+    detail::operation_scope scope("scatter");
+    const auto [i, o] = rooted_blocks(in, out, "scatter", true, root);
+    const auto watch = checks_.watch_transfer("scatter", o.size_bytes() + i.size_bytes());
+    mpi::scatter(comm_, i, o, root);
+  }
+
+  //! Exchanges blocks among all ranks: `in` and `out` hold size() blocks of n elements each; block
+  //! q of `in` goes to rank q, where it lands in block r (this rank's) of `out`.
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void alltoall(const In& in, Out& out) {
+    detail::operation_scope scope("alltoall");
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = detail::local_checks([&] {
+      i = host_const_view(in, "alltoall");
+      o = host_view(out, "alltoall");
+      checks_.check_exchange(i, o, "alltoall");
+    });
+    const std::size_t block = i.count / static_cast<std::size_t>(size());
+    checks_.agree("alltoall", block, i.type, 0, "", problem);
+    const auto watch = checks_.watch_transfer("alltoall", i.size_bytes());
+    mpi::alltoall(comm_, i, o, block);
+  }
+
   //! Sends `t` to `dest`.
   template <tensor T>
   requires host_tensor<T>
@@ -329,6 +370,32 @@ private:
     });
     checks_.agree(operation, v.count, v.type, value, name, problem);
     return v;
+  }
+
+  // The same for a gather (in is the block) or a scatter (out is), whose whole exists on `root`
+  // only: the ranks agree on the block's count and dtype, and on the root.
+  template <class In, class Out>
+  std::pair<const_tensor_view, tensor_view>
+  rooted_blocks(const In& in, Out& out, const char* operation, bool out_is_block, int root) {
+    const_tensor_view i;
+    tensor_view o;
+    const std::string problem = detail::local_checks([&] {
+      checks_.check_root(root, operation);
+      const bool whole_here = rank() == root;
+      if (out_is_block || whole_here) {
+        o = host_view(out, operation);
+      }
+      if (!out_is_block || whole_here) {
+        i = host_const_view(in, operation);
+      }
+      if (whole_here) {
+        out_is_block ? checks_.check_blocks(o, i, operation)
+                     : checks_.check_blocks(i, o, operation);
+      }
+    });
+    const const_tensor_view block = out_is_block ? const_tensor_view(o) : i;
+    checks_.agree(operation, block.count, block.type, root, "root", problem);
+    return {i, o};
   }
 
   // The same for a per-rank block and a size()-rank whole (allgather: in is the block; reduce-

@@ -262,6 +262,30 @@ inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
         "MPI_Reduce_scatter_block", comm);
 }
 
+//! Gather: `root`'s `out` holds `in.count * size` elements, rank r's block at `r * in.count`;
+//! `out` is not read elsewhere.
+inline void gather(MPI_Comm comm, const_tensor_view in, tensor_view out, int root) {
+  const MPI_Datatype type = datatype(in.type);
+  const int n = detail::single_call_count(comm, in.count, "MPI_Gather");
+  check(MPI_Gather(in.data, n, type, out.data, n, type, root, comm), "MPI_Gather", comm);
+}
+
+//! Scatter: `root`'s `in` holds `out.count * size` elements; rank r gets block r. `in` is not read
+//! elsewhere.
+inline void scatter(MPI_Comm comm, const_tensor_view in, tensor_view out, int root) {
+  const MPI_Datatype type = datatype(out.type);
+  const int n = detail::single_call_count(comm, out.count, "MPI_Scatter");
+  check(MPI_Scatter(in.data, n, type, out.data, n, type, root, comm), "MPI_Scatter", comm);
+}
+
+//! All-to-all: `in` and `out` hold `size` blocks of `count` elements; block q of `in` goes to rank
+//! q, and block q of `out` comes from rank q.
+inline void alltoall(MPI_Comm comm, const_tensor_view in, tensor_view out, std::size_t count) {
+  const MPI_Datatype type = datatype(in.type);
+  const int n = detail::single_call_count(comm, count, "MPI_Alltoall");
+  check(MPI_Alltoall(in.data, n, type, out.data, n, type, comm), "MPI_Alltoall", comm);
+}
+
 //! Blocking send of `data` to `dest`.
 inline void send(MPI_Comm comm, const_tensor_view data, int dest, int tag) {
   const MPI_Datatype type = datatype(data.type);

@@ -172,6 +172,10 @@ public:
   void check_blocks(const_tensor_view block, const_tensor_view whole,
                     std::string_view operation) const;
 
+  //! Throws unless `in` and `out` have one dtype and one count, a multiple of the ranks (alltoall).
+  void check_exchange(const_tensor_view in, const_tensor_view out,
+                      std::string_view operation) const;
+
   //! Refuses device memory (`device == false`) or host memory (`device == true`), naming the
   //! strategies that take it.
   void require_location(memory_location location, bool device, std::string_view operation) const;

@@ -196,6 +196,25 @@ COHORT_DECL void checks::check_blocks(const_tensor_view block, const_tensor_view
   }
 }
 
+COHORT_DECL void checks::check_exchange(const_tensor_view in, const_tensor_view out,
+                                        std::string_view operation) const {
+  const std::string where =
+      "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": ";
+  if (in.type != out.type) {
+    throw invalid_argument(where + "the input is " + std::string(to_string(in.type)) +
+                           " but the output is " + std::string(to_string(out.type)));
+  }
+  if (in.count != out.count) {
+    throw invalid_argument(where + "the input has " + std::to_string(in.count) +
+                           " elements but the output has " + std::to_string(out.count));
+  }
+  if (in.count % static_cast<std::size_t>(size()) != 0) {
+    throw invalid_argument(where + "the input's " + std::to_string(in.count) +
+                           " elements do not split into " + std::to_string(size()) +
+                           " equal blocks, one a rank");
+  }
+}
+
 COHORT_DECL void checks::require_location(memory_location location, bool device,
                                           std::string_view operation) const {
   if (device && location == memory_location::host) {
