@@ -39,6 +39,7 @@
 #include <cohort/training/distributed_optimizer.hpp>
 #include <cohort/training/early_stopping.hpp>
 #include <cohort/training/evaluator.hpp>
+#include <cohort/training/multi_node_iterator.hpp>
 #include <cohort/training/scatter_dataset.hpp>
 #include <cohort/transport/mpi.hpp>
 #include <cohort/version.hpp>

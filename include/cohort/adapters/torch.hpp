@@ -14,6 +14,8 @@
 #include <cohort/adapters/torch/distributed_optimizer.hpp>
 #include <cohort/adapters/torch/functions.hpp>
 #include <cohort/adapters/torch/module.hpp>
+#include <cohort/adapters/torch/multi_node_sequential.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/adapters/torch/tensor_batches.hpp>
 #include <cohort/adapters/torch/threads.hpp>
