@@ -7,6 +7,7 @@
 #include <cohort/cohort.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <torch/torch.h>
 #include <type_traits>
@@ -586,4 +587,42 @@ BOOST_AUTO_TEST_CASE(a_2d_grid_of_pipelines_and_replicas_trains_as_in_one_proces
   }
   require_same_parameters(*split[static_cast<std::size_t>(stage)],
                           *whole[static_cast<std::size_t>(stage)]);
+}
+
+// Issue 15: the multi-node iterator over LibTorch batches: the root's examples (data and target of
+// any shape) on every rank, then the epoch's end.
+BOOST_AUTO_TEST_CASE(tensor_batches_reach_every_rank_from_the_root) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int root = comm.size() / 2;
+  std::int64_t read = 0;
+  const auto example = [](std::int64_t i) {
+    return torch::data::Example<>(torch::arange(i * 6, torch::kDouble).view({i, 6}),
+                                  torch::full({i}, i, torch::kLong));
+  };
+  auto batches = cohort::make_multi_node_iterator(
+      comm,
+      [&]() -> std::optional<torch::data::Example<>> {
+        if (read == 3) {
+          return std::nullopt;
+        }
+        return example(++read);
+      },
+      root, cohort::torch::tensor_batches{});
+  for (std::int64_t i = 1; i <= 3; ++i) {
+    const auto batch = batches.next();
+    BOOST_TEST_REQUIRE(batch.has_value());
+    BOOST_TEST(torch::equal(batch->data, example(i).data));
+    BOOST_TEST(torch::equal(batch->target, example(i).target));
+  }
+  BOOST_TEST(!batches.next().has_value());
+  BOOST_TEST(read == (comm.rank() == root ? 3 : 0));
+  // A non-contiguous tensor in a vector of them.
+  auto vectors = cohort::make_multi_node_iterator(
+      comm,
+      []() -> std::optional<std::vector<at::Tensor>> {
+        return std::vector<at::Tensor>{torch::arange(12, torch::kFloat).view({3, 4}).t()};
+      },
+      root, cohort::torch::tensor_batches{});
+  const auto transposed = vectors.next();
+  BOOST_TEST(torch::equal((*transposed)[0], torch::arange(12, torch::kFloat).view({3, 4}).t()));
 }

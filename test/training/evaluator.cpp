@@ -2,6 +2,12 @@
 #define BOOST_TEST_MODULE training.evaluator
 #include <cohort/cohort.hpp>
 
+#include <boost/serialization/vector.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
 #include "support/expect.hpp"
 #include "support/mpi_test_main.hpp"
 
@@ -123,4 +129,46 @@ BOOST_AUTO_TEST_CASE(early_stopping_decides_the_same_on_every_rank) {
                         message_has({"patience must be at least 1 (it is 0)"}));
   BOOST_CHECK_EXCEPTION(cohort::early_stopping({.min_delta = -1.0}), cohort::invalid_argument,
                         message_has({"min_delta"}));
+}
+
+// Issue 15: ChainerMN's multi-node iterator. Only the root reads (a counter no other rank
+// touches); every rank gets its batches, then the end of the epoch, together.
+BOOST_AUTO_TEST_CASE(multi_node_iterator_gives_every_rank_the_roots_batches) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const int root = comm.size() - 1;
+  int reads = 0;
+  auto batches = cohort::make_multi_node_iterator(
+      comm,
+      [&reads]() -> std::optional<std::vector<int>> {
+        if (reads == 3) {
+          return std::nullopt;
+        }
+        ++reads;
+        return std::vector<int>(static_cast<std::size_t>(reads), reads * 10);
+      },
+      root);
+  for (int i = 1; i <= 3; ++i) {
+    const std::optional<std::vector<int>> batch = batches.next();
+    BOOST_TEST_REQUIRE(batch.has_value());
+    BOOST_TEST(*batch == std::vector<int>(static_cast<std::size_t>(i), i * 10));
+  }
+  BOOST_TEST(!batches.next().has_value());
+  BOOST_TEST(reads == (comm.rank() == root ? 3 : 0));
+}
+
+// The root's reader failing is an error on every rank (the root's own exception there), not a
+// rank waiting for a batch that will not come.
+BOOST_AUTO_TEST_CASE(a_failing_reader_on_the_root_is_an_error_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  auto batches = cohort::make_multi_node_iterator(
+      comm, []() -> std::optional<int> { throw std::runtime_error("disk on fire"); });
+  if (comm.rank() == 0) {
+    BOOST_CHECK_EXCEPTION(batches.next(), std::runtime_error, message_has({"disk on fire"}));
+  } else {
+    BOOST_CHECK_EXCEPTION(
+        batches.next(), cohort::error,
+        message_has({"multi_node_iterator", "root (rank 0) failed: disk on fire"}));
+  }
+  // The communicator goes on.
+  BOOST_TEST(comm.allreduce_obj(1) == comm.size());
 }
