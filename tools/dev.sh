@@ -88,6 +88,7 @@ case "${1:-}" in
              test_communicator_topology test_communicator_failure test_communicator_shared_memory
              test_training_distributed_optimizer test_training_scatter_dataset
              test_training_evaluator test_adapters_eigen test_adapters_torch
+             test_adapters_torch_model_parallel test_adapters_torch_failure
              test_checkpoint_checkpointer test_checkpoint_die_in_save test_checkpoint_full_disk)
     supp="$root/test/sanitizers"
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 exitcode=66 second_deadlock_stack=1"

@@ -7,7 +7,9 @@
 #include <cohort/cohort.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <torch/torch.h>
 #include <type_traits>
@@ -129,8 +131,83 @@ BOOST_AUTO_TEST_CASE(multi_node_batch_norm_matches_batch_norm_over_the_whole_bat
     const std::int64_t c = comm.rank() == last ? 5 : 4;
     cohort::torch::multi_node_batch_norm odd(comm, c);
     BOOST_CHECK_THROW(odd(torch::randn({2, c})), cohort::mismatch_error);
+    // The same module everywhere, a batch of other channels on the last rank only: that rank's
+    // own error there, a mismatch_error naming the module elsewhere.
+    cohort::torch::multi_node_batch_norm four(comm, 4);
+    if (comm.rank() == last) {
+      BOOST_CHECK_EXCEPTION(
+          four(torch::randn({2, 5})), cohort::invalid_argument,
+          message_has({"of 4 channels on rank " + std::to_string(last), "[2, 5]"}));
+    } else {
+      BOOST_CHECK_EXCEPTION(
+          four(torch::randn({2, 4})), cohort::mismatch_error,
+          message_has({"multi_node_batch_norm of 4 channels on rank", "do not fit together"}));
+    }
+  }
+  // bfloat16 inputs: float32 statistics, outputs within bfloat16's precision of the float32
+  // BatchNorm over the whole batch.
+  const std::int64_t n = comm.size(), at = comm.rank() * 4;
+  torch::manual_seed(9);
+  const at::Tensor all = torch::randn({n * 4, 3}) * 5 + 2;
+  torch::nn::BatchNorm1d reference(3);
+  cohort::torch::multi_node_batch_norm brain(comm, 3);
+  brain->to(torch::kBFloat16);
+  const at::Tensor expected = reference(all).narrow(0, at, 4);
+  const at::Tensor got = brain(all.narrow(0, at, 4).to(torch::kBFloat16));
+  BOOST_TEST(got.scalar_type() == torch::kBFloat16);
+  BOOST_TEST(torch::allclose(got.to(torch::kFloat), expected, 2e-2, 2e-2));
+  BOOST_TEST(brain->running_mean.scalar_type() == torch::kBFloat16);
+  BOOST_TEST(
+      torch::allclose(brain->running_mean.to(torch::kFloat), reference->running_mean, 1e-2, 1e-2));
+}
+
+namespace {
+// Central finite differences of the sum of every rank's loss, against the gradient backward gave
+// this rank's input (float64): the gradient check. Collective: every rank perturbs, in turn, each
+// element of one rank's input, and every rank runs the function again.
+template <class Loss>
+void check_gradient(cohort::flat& comm, const at::Tensor& x0, Loss&& loss_of, const char* what) {
+  const at::Tensor x = x0.clone().requires_grad_();
+  loss_of(x).backward();
+  const at::Tensor analytic = x.grad().defined() ? x.grad() : torch::zeros_like(x0);
+  const double eps = 1e-6;
+  for (int p = 0; p < comm.size(); ++p) {
+    const std::int64_t count = comm.bcast_obj(x0.numel(), p);
+    for (std::int64_t e = 0; e < count; ++e) {
+      double sides[2];
+      for (int s = 0; s < 2; ++s) {
+        const at::Tensor moved = x0.clone();
+        if (comm.rank() == p) {
+          moved.view(-1)[e] += s == 0 ? eps : -eps;
+        }
+        sides[s] = comm.allreduce_obj(loss_of(moved).template item<double>());
+      }
+      if (comm.rank() == p) {
+        const double numeric = (sides[0] - sides[1]) / (2 * eps);
+        const double got = analytic.view(-1)[e].template item<double>();
+        BOOST_TEST(std::abs(got - numeric) <= 1e-6 * std::max(1.0, std::abs(numeric)),
+                   what << ": element " << e << " of rank " << p << "'s input: backward gave "
+                        << got << ", finite differences " << numeric);
+      }
+    }
   }
 }
+
+// Rank r's loss of an output y: (w_r * y * y).sum(), w_r from r's seed; a delegate (a scalar) as
+// it is.
+at::Tensor loss_of(const at::Tensor& y, int rank) {
+  if (y.dim() == 0) {
+    return y;
+  }
+  torch::manual_seed(static_cast<std::uint64_t>(100 + rank));
+  return (torch::randn(y.sizes(), torch::kDouble) * y * y).sum();
+}
+
+at::Tensor input_of(int rank, std::int64_t rows) {
+  torch::manual_seed(static_cast<std::uint64_t>(rank));
+  return torch::randn({rows, 3}, torch::kDouble);
+}
+} // namespace
 
 // Issue 15: differentiable collectives, against the same computation in one process (float64).
 // Rank r's input and its loss's weights come from seeds of r, so that every rank can build the
@@ -210,6 +287,37 @@ BOOST_AUTO_TEST_CASE(send_and_recv_carry_the_gradient_back) {
   BOOST_TEST(torch::allclose(got, torch::randn({2, 3}, torch::kDouble) * 2, 1e-12, 1e-12));
   ((weights(r) * got).sum() + delegate).backward();
   BOOST_TEST(torch::allclose(x.grad(), 2 * weights((r + 1) % n), 1e-12, 1e-12));
+
+  // The gradient check: a ring whose loss squares what arrives.
+  check_gradient(
+      comm, x.detach(),
+      [&](const at::Tensor& v) {
+        const at::Tensor sent = cohort::torch::send(comm, v * 3, (r + 1) % n, 8);
+        const at::Tensor arrived =
+            cohort::torch::recv(comm, (r + n - 1) % n, {2, 3}, torch::kDouble, 8);
+        return (weights(r) * arrived * arrived).sum() + sent;
+      },
+      "send and recv");
+
+  // A tensor that requires no gradient (the input itself): the send is recorded all the same, as
+  // the recv at the other end is, so its delegate's backward takes the gradient the receiver
+  // sends and none is left queued for the next message of the tag.
+  for (int round = 0; round < 2; ++round) {
+    const at::Tensor plain = torch::full({2}, double(10 * round + r), torch::kDouble);
+    const at::Tensor d = cohort::torch::send(comm, plain, (r + 1) % n, 9);
+    BOOST_TEST(d.requires_grad());
+    const at::Tensor in = cohort::torch::recv(comm, (r + n - 1) % n, {2}, torch::kDouble, 9);
+    BOOST_TEST(
+        torch::equal(in, torch::full({2}, double(10 * round + (r + n - 1) % n), torch::kDouble)));
+    (in.sum() + d).backward();
+  }
+  // Integers travel without autograd (nothing to differentiate).
+  const at::Tensor labels = torch::arange(4, torch::kLong) + r;
+  const at::Tensor none = cohort::torch::send(comm, labels, (r + 1) % n, 10);
+  const at::Tensor got_labels = cohort::torch::recv(comm, (r + n - 1) % n, {4}, torch::kLong, 10);
+  BOOST_TEST(!none.requires_grad());
+  BOOST_TEST(!got_labels.requires_grad());
+  BOOST_TEST(torch::equal(got_labels, torch::arange(4, torch::kLong) + (r + n - 1) % n));
 }
 
 namespace {
@@ -268,54 +376,6 @@ BOOST_AUTO_TEST_CASE(a_model_split_over_two_ranks_trains_as_in_one_process) {
   BOOST_TEST(torch::allclose(mine->weight, theirs->weight, 1e-10, 1e-10));
   BOOST_TEST(torch::allclose(mine->bias, theirs->bias, 1e-10, 1e-10));
 }
-
-namespace {
-// Central finite differences of the sum of every rank's loss, against the gradient backward gave
-// this rank's input (float64): the gradient check. Collective: every rank perturbs, in turn, each
-// element of one rank's input, and every rank runs the function again.
-template <class Loss>
-void check_gradient(cohort::flat& comm, const at::Tensor& x0, Loss&& loss_of, const char* what) {
-  const at::Tensor x = x0.clone().requires_grad_();
-  loss_of(x).backward();
-  const at::Tensor analytic = x.grad().defined() ? x.grad() : torch::zeros_like(x0);
-  const double eps = 1e-6;
-  for (int p = 0; p < comm.size(); ++p) {
-    const std::int64_t count = comm.bcast_obj(x0.numel(), p);
-    for (std::int64_t e = 0; e < count; ++e) {
-      double sides[2];
-      for (int s = 0; s < 2; ++s) {
-        const at::Tensor moved = x0.clone();
-        if (comm.rank() == p) {
-          moved.view(-1)[e] += s == 0 ? eps : -eps;
-        }
-        sides[s] = comm.allreduce_obj(loss_of(moved).template item<double>());
-      }
-      if (comm.rank() == p) {
-        const double numeric = (sides[0] - sides[1]) / (2 * eps);
-        const double got = analytic.view(-1)[e].template item<double>();
-        BOOST_TEST(std::abs(got - numeric) <= 1e-6 * std::max(1.0, std::abs(numeric)),
-                   what << ": element " << e << " of rank " << p << "'s input: backward gave "
-                        << got << ", finite differences " << numeric);
-      }
-    }
-  }
-}
-
-// Rank r's loss of an output y: (w_r * y * y).sum(), w_r from r's seed; a delegate (a scalar) as
-// it is.
-at::Tensor loss_of(const at::Tensor& y, int rank) {
-  if (y.dim() == 0) {
-    return y;
-  }
-  torch::manual_seed(static_cast<std::uint64_t>(100 + rank));
-  return (torch::randn(y.sizes(), torch::kDouble) * y * y).sum();
-}
-
-at::Tensor input_of(int rank, std::int64_t rows) {
-  torch::manual_seed(static_cast<std::uint64_t>(rank));
-  return torch::randn({rows, 3}, torch::kDouble);
-}
-} // namespace
 
 // Issue 15: every differentiable collective's forward against the same values built in one
 // process, and its backward against finite differences of the loss summed over the ranks.
@@ -625,4 +685,108 @@ BOOST_AUTO_TEST_CASE(tensor_batches_reach_every_rank_from_the_root) {
       root, cohort::torch::tensor_batches{});
   const auto transposed = vectors.next();
   BOOST_TEST(torch::equal((*transposed)[0], torch::arange(12, torch::kFloat).view({3, 4}).t()));
+}
+
+// Issue 15: which calls autograd records is decided alike on every rank: any rank's tensor
+// requiring a gradient records a collective everywhere (the others' outputs then require one too,
+// and their backward joins), integers never; grad modes that differ are an error on every rank.
+BOOST_AUTO_TEST_CASE(every_rank_records_the_same_calls) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size(), r = comm.rank();
+  namespace ct = cohort::torch;
+  at::Tensor x = torch::full({3}, double(r + 1), torch::kDouble);
+  if (r == 0) {
+    x.requires_grad_();
+  }
+  const at::Tensor y = ct::allreduce(comm, x);
+  BOOST_TEST(y.requires_grad());
+  (y * (r + 1)).sum().backward(); // rank q weights the sum by q + 1
+  if (r == 0) {
+    BOOST_TEST(torch::allclose(x.grad(), torch::full({3}, n * (n + 1) / 2.0, torch::kDouble)));
+  }
+  // The root's tensor requires no gradient: nothing is recorded anywhere.
+  const at::Tensor plain = ct::bcast(comm, r == 0 ? torch::ones({2}) : at::Tensor(), 0);
+  BOOST_TEST(!plain.requires_grad());
+  // Integers: plain collectives.
+  const at::Tensor ids = torch::arange(2 * n, torch::kLong);
+  BOOST_TEST(torch::equal(ct::bcast(comm, r == 0 ? ids : at::Tensor(), 0), ids));
+  BOOST_TEST(
+      torch::equal(ct::scatter(comm, r == 0 ? ids : at::Tensor(), 0), ids.narrow(0, 2 * r, 2)));
+  BOOST_TEST(torch::equal(ct::allreduce(comm, ids), ids * n));
+  if (n > 1) {
+    const int last = n - 1;
+    const at::Tensor t = torch::ones({2}, torch::kDouble).requires_grad_();
+    const auto call = [&] { return ct::allgather(comm, t); };
+    const auto check = message_has({"allgather", "autograd records gradients on rank 0 but not on "
+                                                 "rank " +
+                                                     std::to_string(last)});
+    if (r == last) {
+      const torch::NoGradGuard no_grad;
+      BOOST_CHECK_EXCEPTION(call(), cohort::mismatch_error, check);
+    } else {
+      BOOST_CHECK_EXCEPTION(call(), cohort::mismatch_error, check);
+    }
+    // A tensor outside CPU memory (the meta device stands in for a GPU here) on one rank.
+    const at::Tensor where =
+        r == last ? torch::empty({2}, torch::Device(torch::kMeta)) : torch::empty({2});
+    BOOST_CHECK_EXCEPTION(ct::allreduce(comm, where), cohort::mismatch_error,
+                          message_has({"outside CPU memory"}));
+  }
+}
+
+// Issue 15: stages that do not fit together, or one that fails, are an error on every rank
+// concerned, not a rank waiting for a tensor that will not come.
+BOOST_AUTO_TEST_CASE(a_pipeline_that_cannot_run_is_an_error_on_every_rank) {
+  cohort::flat world = cohort::make_communicator<cohort::flat>();
+  if (world.size() < 2) {
+    return;
+  }
+  cohort::flat comm = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+  if (world.rank() >= 2) {
+    return;
+  }
+  namespace ct = cohort::torch;
+  const int r = comm.rank();
+  {
+    // Rank 0 sends to rank 1, whose stage reads the forward's argument instead.
+    ct::multi_node_sequential model(comm);
+    model->add(torch::nn::Linear(2, 2), ct::from_input, r == 0 ? 1 : ct::to_output);
+    BOOST_CHECK_EXCEPTION(model(torch::ones({1, 2})), cohort::invalid_argument,
+                          message_has({"rank 0's stages send 1 tensor(s) to rank 1, whose stages "
+                                       "receive 0 from rank 0"}));
+  }
+  {
+    // Rank 0's stage throws: rank 0 rethrows it, rank 1 is told.
+    ct::multi_node_sequential model(comm);
+    if (r == 0) {
+      model->add(std::make_shared<torch::nn::FunctionalImpl>([](const at::Tensor&) -> at::Tensor {
+                   throw std::runtime_error("a stage that fails");
+                 }),
+                 ct::from_input, 1);
+      BOOST_CHECK_EXCEPTION(model(torch::ones({1, 2})), std::runtime_error,
+                            message_has({"a stage that fails"}));
+    } else {
+      model->add(torch::nn::Linear(2, 2), 0, ct::to_output);
+      BOOST_CHECK_EXCEPTION(
+          model(), cohort::error,
+          message_has({"multi_node_sequential on rank 1: rank 0 sent no tensor"}));
+    }
+    // The pair goes on: nothing was left queued.
+    BOOST_TEST(comm.allreduce_obj(1) == 2);
+  }
+}
+
+// A batch with a tensor outside CPU memory on the root is refused on every rank.
+BOOST_AUTO_TEST_CASE(a_batch_outside_cpu_memory_is_refused_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  auto batches = cohort::make_multi_node_iterator(
+      comm,
+      []() -> std::optional<std::vector<at::Tensor>> {
+        return std::vector<at::Tensor>{torch::ones({2}),
+                                       torch::empty({2}, torch::Device(torch::kMeta))};
+      },
+      0, cohort::torch::tensor_batches{});
+  BOOST_CHECK_EXCEPTION(batches.next(), cohort::invalid_argument,
+                        message_has({"tensor_batches", "tensor 1 of the root's (rank 0) batch is a "
+                                                       "tensor outside CPU memory"}));
 }

@@ -58,6 +58,9 @@ public:
       } catch (const std::exception& e) {
         failed = std::current_exception();
         state = {2, e.what()};
+      } catch (...) {
+        failed = std::current_exception();
+        state = {2, "an exception not derived from std::exception"};
       }
     }
     state = comm_->bcast_obj(state, root_);

@@ -66,12 +66,15 @@ struct batch_norm_function : ::torch::autograd::Function<batch_norm_function> {
     const at::Tensor xa = x.to(acc);
     const auto dims = batch_dims(x);
     const std::int64_t channels = x.size(1);
-    // The sums of the values and the count, then the sum of squared deviations from the mean.
+    // The sums of the values and the count (in float64: a count past 2^24 values a channel is
+    // exact there, not in float32), then the sum of squared deviations from the mean.
     at::Tensor first = at::cat(
-        {xa.sum(dims), at::full({1}, static_cast<double>(x.numel() / channels), xa.options())});
+        {xa.sum(dims).to(at::kDouble), at::full({1}, static_cast<double>(x.numel() / channels),
+                                                xa.options().dtype(at::kDouble))});
     (*sum)(first);
-    const at::Tensor count = first.narrow(0, channels, 1);
-    const at::Tensor mean = first.narrow(0, 0, channels) / count;
+    total_out.copy_(first.narrow(0, channels, 1));
+    const at::Tensor count = first.narrow(0, channels, 1).to(acc);
+    const at::Tensor mean = (first.narrow(0, 0, channels) / first.narrow(0, channels, 1)).to(acc);
     at::Tensor squares = (xa - per_channel(mean, xa)).pow(2).sum(dims);
     (*sum)(squares);
     const at::Tensor var = squares / count;
@@ -80,7 +83,6 @@ struct batch_norm_function : ::torch::autograd::Function<batch_norm_function> {
     at::Tensor y = xhat * per_channel(weight.to(acc), xa) + per_channel(bias.to(acc), xa);
     mean_out.copy_(mean);
     var_out.copy_(var);
-    total_out.copy_(count);
     ctx->save_for_backward({xhat, invstd, weight, count});
     ctx->saved_data["sum"] = reinterpret_cast<std::int64_t>(sum);
     ctx->saved_data["dtype"] = static_cast<std::int64_t>(x.scalar_type());
@@ -135,8 +137,11 @@ struct multi_node_batch_norm_options {
 //! A BatchNorm over `channels` (dimension 1 of its input, as torch::nn::BatchNorm1d/2d/3d) whose
 //! training statistics are those of every rank's batch together. Make it with the communicator
 //! it reduces over, e.g. `multi_node_batch_norm(comm, 64)`: `rank_sum` is built from it, and the
-//! communicator must outlive the module. In evaluation (`eval()`), it normalises with the running
-//! statistics, as LibTorch's does, with no communication.
+//! communicator must outlive the module, and the module every graph it is in. In evaluation
+//! (`eval()`), it normalises with the running statistics, as LibTorch's does, with no
+//! communication; without running statistics (`track_running_stats = false`) it uses the batch's,
+//! over every rank, in evaluation too (as LibTorch's). An input whose channels are not `channels`
+//! on one rank is an error on every rank (the communicator's agreement on the sums' sizes).
 class multi_node_batch_norm_impl : public ::torch::nn::Module {
 public:
   template <class Communicator>
@@ -144,7 +149,9 @@ public:
                              multi_node_batch_norm_options options = {})
       : multi_node_batch_norm_impl(
             rank_sum([&comm](at::Tensor& t) { comm.allreduce(t, reduce_op::sum); }), channels,
-            options) {}
+            options) {
+    rank_ = comm.rank();
+  }
 
   multi_node_batch_norm_impl(rank_sum sum, std::int64_t channels,
                              multi_node_batch_norm_options options = {})
@@ -168,9 +175,20 @@ public:
   }
 
   at::Tensor forward(const at::Tensor& x) {
+    const bool communicates = is_training() || !options_.track_running_stats;
     if (x.dim() < 2 || x.size(1) != channels_) {
+      if (communicates) {
+        // The other ranks are about to sum channels + 1 values: a sum of another size makes the
+        // communicator's agreement an error on every rank, where throwing here alone would
+        // leave them waiting for this rank.
+        at::Tensor other = ::torch::zeros({channels_ + 2}, at::kDouble);
+        try {
+          sum_(other);
+        } catch (const std::exception&) {
+        }
+      }
       throw invalid_argument("cohort: multi_node_batch_norm of " + std::to_string(channels_) +
-                             " channels: an input of shape " + shape_of(x) +
+                             " channels" + on_rank() + ": an input of shape " + shape_of(x) +
                              " (channels are dimension 1)");
     }
     const at::Tensor w = options_.affine ? weight : ::torch::ones({channels_}, x.options());
@@ -188,9 +206,17 @@ public:
     // Every rank calls this with a batch, however small (an empty one counts no values).
     at::Tensor mean = ::torch::empty({channels_}, x.options().dtype(acc));
     at::Tensor var = ::torch::empty({channels_}, x.options().dtype(acc));
-    at::Tensor total = ::torch::empty({1}, x.options().dtype(acc));
-    at::Tensor y =
-        detail::batch_norm_function::apply(x, w, b, &sum_, options_.eps, mean, var, total);
+    at::Tensor total = ::torch::empty({1}, x.options().dtype(at::kDouble));
+    at::Tensor y;
+    try {
+      y = detail::batch_norm_function::apply(x, w, b, &sum_, options_.eps, mean, var, total);
+    } catch (const mismatch_error& e) {
+      throw mismatch_error("cohort: multi_node_batch_norm of " + std::to_string(channels_) +
+                           " channels" + on_rank() +
+                           ": the ranks' batches do not fit together (an input with other "
+                           "channels, or another dtype, on some rank): " +
+                           e.what());
+    }
     if (options_.track_running_stats) {
       const ::torch::NoGradGuard no_grad;
       const double n = total.item<double>();
@@ -215,7 +241,10 @@ private:
     return s + "]";
   }
 
+  std::string on_rank() const { return rank_ < 0 ? "" : " on rank " + std::to_string(rank_); }
+
   rank_sum sum_;
+  int rank_ = -1; // for the messages; unknown when made from a rank_sum
   std::int64_t channels_;
   multi_node_batch_norm_options options_;
 };

@@ -57,12 +57,6 @@ public:
   template <class Communicator>
   explicit multi_node_sequential_impl(Communicator& comm, int tag = 0)
       : comm_(detail::collectives_of(comm))
-      , send_description_([&comm](const std::vector<std::int64_t>& d, int dest, int tag) {
-        comm.send_obj(d, dest, tag);
-      })
-      , recv_description_([&comm](int source, int tag) {
-        return comm.template recv_obj<std::vector<std::int64_t>>(source, tag);
-      })
       , tag_(tag) {}
 
   //! Adds a stage run on this rank: a module holder (torch::nn::Linear, Sequential, one of
@@ -103,36 +97,53 @@ public:
     stages_.push_back(
         {[module](const at::Tensor& x) mutable -> at::Tensor { return module->forward(x); }, from,
          to});
+    wiring_agreed_ = false;
     return *this;
   }
 
-  //! Runs this rank's stages in order. Collective over the ranks the stages talk to: every rank
-  //! calls it once a step, and runs backward from what it returns (add it to a loss, or call
-  //! backward on it). Returns the last output kept here plus a zero carrying the delegates of
-  //! the outputs sent; a zero scalar if every output was sent.
+  //! Runs this rank's stages in order. Collective over the communicator: every rank calls it once
+  //! a step, and runs backward from what it returns (add it to a loss, or call backward on it).
+  //! Returns the last output kept here plus a zero carrying the delegates of the outputs sent; a
+  //! zero scalar if every output was sent. The first call after stages were added checks, on
+  //! every rank alike, that every tensor a stage sends has a stage to receive it. A stage that
+  //! fails (its module throws, its input is missing) tells the ranks its later stages send to, so
+  //! they throw too instead of waiting; the ranks waiting for its gradients learn it from the
+  //! communicator's timeout.
   at::Tensor forward(const at::Tensor& input = {}) {
+    if (!wiring_agreed_) {
+      agree_on_wiring();
+    }
     at::Tensor current;
     at::Tensor delegates;
-    for (std::size_t i = 0; i < stages_.size(); ++i) {
-      stage& s = stages_[i];
-      at::Tensor in = s.from == from_input      ? input
-                      : s.from == from_previous ? current
-                                                : receive(s.from);
-      if (!in.defined()) {
-        throw invalid_argument("cohort::torch::multi_node_sequential on rank " +
-                               std::to_string(comm_->rank) + ": stage " + std::to_string(i) +
-                               " takes the forward's argument, and none was given");
+    std::size_t told = 0; // the stages whose receivers have heard from this rank
+    try {
+      for (std::size_t i = 0; i < stages_.size(); ++i) {
+        stage& s = stages_[i];
+        at::Tensor in = s.from == from_input      ? input
+                        : s.from == from_previous ? current
+                                                  : receive(s.from);
+        if (!in.defined()) {
+          throw invalid_argument(where(i) + " takes the forward's argument, and none was given");
+        }
+        at::Tensor out = s.run(in);
+        if (s.to == to_output) {
+          current = std::move(out);
+          told = i + 1;
+          continue;
+        }
+        comm_->send_description(detail::description(out), s.to, tag_);
+        told = i + 1;
+        at::Tensor delegate = detail::send_through(comm_, out, s.to, tag_);
+        delegates = delegates.defined() ? delegates + delegate : delegate;
+        current = at::Tensor();
       }
-      at::Tensor out = s.run(in);
-      if (s.to == to_output) {
-        current = std::move(out);
-        continue;
+    } catch (...) {
+      for (std::size_t j = told; j < stages_.size(); ++j) {
+        if (stages_[j].to != to_output) {
+          comm_->send_description({detail::no_tensor}, stages_[j].to, tag_);
+        }
       }
-      send_description_(detail::description(out), s.to, tag_);
-      at::Tensor delegate =
-          detail::send_function::apply(out, comm_, std::int64_t{s.to}, std::int64_t{tag_});
-      delegates = delegates.defined() ? delegates + delegate : delegate;
-      current = at::Tensor();
+      throw;
     }
     if (!current.defined()) {
       return delegates.defined() ? delegates : at::zeros({});
@@ -150,22 +161,57 @@ private:
     int to;
   };
 
+  std::string who() const {
+    return "cohort::torch::multi_node_sequential on rank " + std::to_string(comm_->rank);
+  }
+  std::string where(std::size_t i) const { return who() + ": stage " + std::to_string(i); }
+
   at::Tensor receive(int source) {
-    const std::vector<std::int64_t> d = recv_description_(source, tag_);
+    const std::vector<std::int64_t> d = comm_->recv_description(source, tag_);
     if (d.empty() || d[0] < 0) {
-      throw invalid_argument("cohort::torch::multi_node_sequential on rank " +
-                             std::to_string(comm_->rank) + ": rank " + std::to_string(source) +
-                             " sent no tensor");
+      throw error(who() + ": rank " + std::to_string(source) +
+                  (d.empty() || d[0] == detail::no_tensor
+                       ? std::string(" sent no tensor (a stage of its failed)")
+                       : " sent " + detail::describe(d)));
     }
-    const at::Tensor anchor = at::zeros({}, detail::options_of(d)).requires_grad_();
-    return detail::recv_function::apply(anchor, comm_, std::int64_t{source}, std::int64_t{tag_},
-                                        at::empty(detail::sizes_of(d), detail::options_of(d)));
+    return detail::recv_through(comm_, d, source, tag_);
+  }
+
+  // Collective: every rank's wiring, so that a tensor sent with no stage to receive it (or the
+  // reverse) is an error on every rank now rather than a rank waiting for ever.
+  void agree_on_wiring() {
+    std::vector<std::int64_t> mine;
+    for (const stage& s : stages_) {
+      mine.push_back(s.from);
+      mine.push_back(s.to);
+    }
+    const auto all = comm_->describe(mine);
+    for (std::size_t a = 0; a < all.size(); ++a) {
+      for (std::size_t b = 0; b < all.size(); ++b) {
+        if (a == b) {
+          continue;
+        }
+        std::int64_t sends = 0, receives = 0;
+        for (std::size_t k = 0; k + 1 < all[a].size(); k += 2) {
+          sends += all[a][k + 1] == static_cast<std::int64_t>(b) ? 1 : 0;
+        }
+        for (std::size_t k = 0; k + 1 < all[b].size(); k += 2) {
+          receives += all[b][k] == static_cast<std::int64_t>(a) ? 1 : 0;
+        }
+        if (sends != receives) {
+          throw invalid_argument(who() + ": rank " + std::to_string(a) + "'s stages send " +
+                                 std::to_string(sends) + " tensor(s) to rank " + std::to_string(b) +
+                                 ", whose stages receive " + std::to_string(receives) +
+                                 " from rank " + std::to_string(a));
+        }
+      }
+    }
+    wiring_agreed_ = true;
   }
 
   c10::intrusive_ptr<detail::collectives> comm_;
-  std::function<void(const std::vector<std::int64_t>&, int, int)> send_description_;
-  std::function<std::vector<std::int64_t>(int, int)> recv_description_;
   int tag_;
+  bool wiring_agreed_ = false;
   std::vector<stage> stages_;
 };
 

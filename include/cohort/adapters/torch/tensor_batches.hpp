@@ -12,6 +12,7 @@
 #include <boost/serialization/vector.hpp>
 
 #include <ATen/ATen.h>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <torch/data/example.h>
@@ -26,23 +27,30 @@ namespace torch {
 struct tensor_batches {
   template <class Communicator>
   void operator()(Communicator& comm, std::vector<at::Tensor>& batch, int root) const {
+    // The root's tensors described; a tensor outside CPU memory is described as such, and every
+    // rank throws alike (the root alone throwing would leave the others waiting).
     std::vector<std::vector<std::int64_t>> described;
     if (comm.rank() == root) {
       for (at::Tensor& t : batch) {
-        if (t.defined() && !t.device().is_cpu()) {
-          throw invalid_argument("cohort::torch::tensor_batches: tensor " +
-                                 std::to_string(&t - batch.data()) + " of the batch is on " +
-                                 t.device().str() + ": batches travel from CPU memory");
+        if (t.defined() && t.device().is_cpu()) {
+          t = t.contiguous();
         }
-        t = t.defined() ? t.contiguous() : t;
         described.push_back(detail::description(t));
       }
     }
     described = comm.bcast_obj(described, root);
+    for (std::size_t i = 0; i < described.size(); ++i) {
+      if (described[i].empty() || described[i][0] == detail::not_on_cpu) {
+        throw invalid_argument("cohort::torch::tensor_batches on rank " +
+                               std::to_string(comm.rank()) + ": tensor " + std::to_string(i) +
+                               " of the root's (rank " + std::to_string(root) + ") batch is " +
+                               detail::describe(described[i]));
+      }
+    }
     if (comm.rank() != root) {
       batch.clear();
       for (const auto& d : described) {
-        batch.push_back(d.empty() || d[0] < 0
+        batch.push_back(d[0] == detail::no_tensor
                             ? at::Tensor()
                             : at::empty(detail::sizes_of(d), detail::options_of(d)));
       }
