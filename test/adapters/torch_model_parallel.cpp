@@ -549,17 +549,30 @@ BOOST_AUTO_TEST_CASE(a_pipeline_over_every_rank_trains_as_in_one_process) {
   require_same_parameters(*split[static_cast<std::size_t>(r)], *whole[static_cast<std::size_t>(r)]);
 }
 
+namespace {
+// Ranks 0 and 1 as a communicator of their own (collective over `world`); none on the others, or
+// with fewer than two ranks.
+std::optional<cohort::flat> first_two(cohort::flat& world) {
+  if (world.size() < 2) {
+    return std::nullopt;
+  }
+  cohort::flat pair = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+  if (world.rank() >= 2) {
+    return std::nullopt;
+  }
+  return pair;
+}
+} // namespace
+
 // ChainerMN's own example: rank 0 runs the first and the last stage, rank 1 the middle one, so
 // rank 0's forward returns its output with the first stage's delegate riding on it.
 BOOST_AUTO_TEST_CASE(a_rank_may_run_stages_on_both_sides_of_another) {
   cohort::flat world = cohort::make_communicator<cohort::flat>();
-  if (world.size() < 2) {
+  std::optional<cohort::flat> pair = first_two(world);
+  if (!pair) {
     return;
   }
-  cohort::flat comm = world.split(world.rank() < 2 ? 0 : 1, world.rank());
-  if (world.rank() >= 2) {
-    return;
-  }
+  cohort::flat& comm = *pair;
   namespace ct = cohort::torch;
   const auto whole = layers(3);
   const auto split = layers(3);
@@ -738,13 +751,11 @@ BOOST_AUTO_TEST_CASE(every_rank_records_the_same_calls) {
 // concerned, not a rank waiting for a tensor that will not come.
 BOOST_AUTO_TEST_CASE(a_pipeline_that_cannot_run_is_an_error_on_every_rank) {
   cohort::flat world = cohort::make_communicator<cohort::flat>();
-  if (world.size() < 2) {
+  std::optional<cohort::flat> pair = first_two(world);
+  if (!pair) {
     return;
   }
-  cohort::flat comm = world.split(world.rank() < 2 ? 0 : 1, world.rank());
-  if (world.rank() >= 2) {
-    return;
-  }
+  cohort::flat& comm = *pair;
   namespace ct = cohort::torch;
   const int r = comm.rank();
   {
