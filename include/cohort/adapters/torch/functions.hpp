@@ -71,13 +71,13 @@ inline bool is_root(AutogradContext* ctx) {
 struct allreduce_function : ::torch::autograd::Function<allreduce_function> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor&,
                             c10::intrusive_ptr<collectives> c) {
-    at::Tensor y = x.detach().contiguous().clone();
+    at::Tensor y = x.detach().clone(at::MemoryFormat::Contiguous);
     c->sum(y);
     keep(ctx, std::move(c));
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    at::Tensor g = grads[0].contiguous().clone();
+    at::Tensor g = grads[0].clone(at::MemoryFormat::Contiguous);
     saved(ctx).sum(g);
     return {g, at::Tensor(), at::Tensor()};
   }
@@ -107,7 +107,7 @@ struct allgather_function : ::torch::autograd::Function<allgather_function> {
 struct bcast_function : ::torch::autograd::Function<bcast_function> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor&,
                             c10::intrusive_ptr<collectives> c, std::int64_t root, at::Tensor into) {
-    at::Tensor y = c->rank == root ? x.detach().contiguous().clone() : into;
+    at::Tensor y = c->rank == root ? x.detach().clone(at::MemoryFormat::Contiguous) : into;
     c->broadcast(y, static_cast<int>(root));
     keep(ctx, std::move(c));
     ctx->saved_data["root"] = root;
@@ -115,7 +115,7 @@ struct bcast_function : ::torch::autograd::Function<bcast_function> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // Every rank's output came of the root's x: its gradient is their sum, on the root.
-    at::Tensor g = grads[0].contiguous().clone();
+    at::Tensor g = grads[0].clone(at::MemoryFormat::Contiguous);
     saved(ctx).sum(g);
     return {is_root(ctx) ? g : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
