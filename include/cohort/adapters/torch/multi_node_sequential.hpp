@@ -13,8 +13,8 @@
 //
 // A stage's input is the forward's argument (`from_input`), the output of the stage added before
 // it on this rank (`from_previous`, the default; the first stage's is then the argument), or what
-// a rank sent (its number). Its output goes to a rank
-// (its number) or stays here (`to_output`): the next stage's input, or the forward's result.
+// a rank sent (its number). Its output goes to a rank (its number) or stays here (`to_output`):
+// the next stage's input, or the forward's result.
 // Tensors cross ranks with send and recv (functions.hpp), their shapes and dtypes sent first, so
 // the receiver needs to know nothing of them. What forward returns carries, added as a zero,
 // every delegate of the outputs this rank sent, so that one backward from it runs the whole
