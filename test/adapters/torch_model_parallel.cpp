@@ -605,9 +605,10 @@ BOOST_AUTO_TEST_CASE(a_rank_may_run_stages_on_both_sides_of_another) {
     }
   }
   // Stages that cannot be: input from this rank itself, output to a rank that is not there.
-  BOOST_CHECK_EXCEPTION(model->add(split[0], comm.rank(), ct::to_output), cohort::invalid_argument,
+  ct::multi_node_sequential fresh(comm);
+  BOOST_CHECK_EXCEPTION(fresh->add(split[0], comm.rank(), ct::to_output), cohort::invalid_argument,
                         message_has({"multi_node_sequential", "takes its input from"}));
-  BOOST_CHECK_EXCEPTION(model->add(split[0], ct::from_input, 5), cohort::invalid_argument,
+  BOOST_CHECK_EXCEPTION(fresh->add(split[0], ct::from_input, 5), cohort::invalid_argument,
                         message_has({"sends its output to 5"}));
 }
 
@@ -739,6 +740,19 @@ BOOST_AUTO_TEST_CASE(every_rank_records_the_same_calls) {
     } else {
       BOOST_CHECK_EXCEPTION(call(), cohort::mismatch_error, check);
     }
+    // The same for a broadcast whose root records nothing.
+    const auto broadcast = [&] {
+      return ct::bcast(
+          comm, r == 0 ? torch::ones({2}, torch::kDouble).requires_grad_() : at::Tensor(), 0);
+    };
+    if (r == 0) {
+      const torch::NoGradGuard no_grad;
+      BOOST_CHECK_EXCEPTION(broadcast(), cohort::mismatch_error,
+                            message_has({"bcast", "autograd records"}));
+    } else {
+      BOOST_CHECK_EXCEPTION(broadcast(), cohort::mismatch_error,
+                            message_has({"bcast", "autograd records"}));
+    }
     // A tensor outside CPU memory (the meta device stands in for a GPU here) on one rank.
     const at::Tensor where =
         r == last ? torch::empty({2}, torch::Device(torch::kMeta)) : torch::empty({2});
@@ -765,6 +779,14 @@ BOOST_AUTO_TEST_CASE(a_pipeline_that_cannot_run_is_an_error_on_every_rank) {
     BOOST_CHECK_EXCEPTION(model(torch::ones({1, 2})), cohort::invalid_argument,
                           message_has({"rank 0's stages send 1 tensor(s) to rank 1, whose stages "
                                        "receive 0 from rank 0"}));
+  }
+  {
+    // A stage added after the first forward (which agreed on the wiring) is refused.
+    ct::multi_node_sequential model(comm);
+    model->add(torch::nn::Linear(2, 2), ct::from_input, ct::to_output);
+    (void)model(torch::ones({1, 2}));
+    BOOST_CHECK_EXCEPTION(model->add(torch::nn::Linear(2, 2)), cohort::invalid_argument,
+                          message_has({"added after the first forward"}));
   }
   {
     // Rank 0's stage throws: rank 0 rethrows it, rank 1 is told.

@@ -214,7 +214,7 @@ public:
       throw mismatch_error("cohort: multi_node_batch_norm of " + std::to_string(channels_) +
                            " channels" + on_rank() +
                            ": the ranks' batches do not fit together (an input with other "
-                           "channels, or another dtype, on some rank): " +
+                           "channels on some rank): " +
                            e.what());
     }
     if (options_.track_running_stats) {

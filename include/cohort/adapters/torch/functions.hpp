@@ -227,30 +227,26 @@ struct recv_function : ::torch::autograd::Function<recv_function> {
   }
 };
 
-// Refuses, on this rank, a tensor a point-to-point function cannot move.
-inline void require_sendable(const at::Tensor& x, const char* operation, std::int64_t rank) {
-  const std::vector<std::int64_t> d = description(x);
-  if (d[0] < 0) {
-    throw invalid_argument("cohort::torch::" + std::string(operation) + " on rank " +
-                           std::to_string(rank) + ": the tensor is " + describe(d));
-  }
-}
-
-// A send of x to `dest` whose node is recorded wherever x's dtype is floating (as the receiver's
-// recv is: see the header's comment).
+// A send of x to `dest` whose node is recorded wherever x's dtype is floating and gradients are
+// recorded (as the receiver's recv is: see the header's comment).
 inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tensor& x, int dest,
                                int tag) {
-  require_sendable(x, "send", c->rank);
-  const at::Tensor a = anchor(differentiable(description(x)), x.options());
+  if (!x.defined() || !x.device().is_cpu()) {
+    throw invalid_argument("cohort::torch::send on rank " + std::to_string(c->rank) +
+                           ": the tensor is " + describe({x.defined() ? not_on_cpu : no_tensor}));
+  }
+  const bool recorded = at::isFloatingType(x.scalar_type()) && c10::GradMode::is_enabled();
+  const at::Tensor a = anchor(recorded, x.options());
   return send_function::apply(x, a, std::move(c), std::int64_t{dest}, std::int64_t{tag});
 }
 
-// A recv of a tensor of description `d` from `source`, recorded wherever d's dtype is floating.
+// A recv of a tensor of description `d` from `source`, recorded as the send at the other end is.
 inline at::Tensor recv_through(c10::intrusive_ptr<collectives> c,
                                const std::vector<std::int64_t>& d, int source, int tag) {
-  return recv_function::apply(anchor(differentiable(d), options_of(d)), std::move(c),
-                              std::int64_t{source}, std::int64_t{tag},
-                              at::empty(sizes_of(d), options_of(d)));
+  const bool recorded =
+      at::isFloatingType(static_cast<at::ScalarType>(d[0])) && c10::GradMode::is_enabled();
+  return recv_function::apply(anchor(recorded, options_of(d)), std::move(c), std::int64_t{source},
+                              std::int64_t{tag}, at::empty(sizes_of(d), options_of(d)));
 }
 
 } // namespace detail

@@ -62,12 +62,18 @@ public:
   //! Adds a stage run on this rank: a module holder (torch::nn::Linear, Sequential, one of
   //! TORCH_MODULE's) or a std::shared_ptr to a module, whose forward takes and returns a tensor.
   //! `from`: a rank, `from_input` or `from_previous`; `to`: a rank or `to_output`. The module's
-  //! parameters become this module's ("stage<i>.<name>").
+  //! parameters become this module's ("stage<i>.<name>"). Every stage is added before the first
+  //! forward.
   template <class Module>
   multi_node_sequential_impl& add(Module module, int from = from_previous, int to = to_output) {
     const std::string where = "cohort::torch::multi_node_sequential on rank " +
                               std::to_string(comm_->rank) + ": stage " +
                               std::to_string(stages_.size());
+    if (wiring_agreed_) {
+      // The ranks agreed on the wiring at the first forward; a stage added on some rank since
+      // would need them to agree again, in a collective the others do not know to enter.
+      throw invalid_argument(where + " added after the first forward: add every stage first");
+    }
     if (from < from_previous || from >= comm_->size || from == comm_->rank) {
       throw invalid_argument(where + " takes its input from " + std::to_string(from) +
                              ": not another rank (0 to " + std::to_string(comm_->size - 1) +
@@ -97,7 +103,6 @@ public:
     stages_.push_back(
         {[module](const at::Tensor& x) mutable -> at::Tensor { return module->forward(x); }, from,
          to});
-    wiring_agreed_ = false;
     return *this;
   }
 
@@ -108,7 +113,9 @@ public:
   //! every rank alike, that every tensor a stage sends has a stage to receive it. A stage that
   //! fails (its module throws, its input is missing) tells the ranks its later stages send to, so
   //! they throw too instead of waiting; the ranks waiting for its gradients learn it from the
-  //! communicator's timeout.
+  //! communicator's timeout. After a failure, treat the communicator as lost (end the job, or
+  //! make a new one): where stages form a cycle, a notice may be left queued. Send and receive
+  //! ends must record gradients alike (no NoGradGuard on one side only: that is not checked).
   at::Tensor forward(const at::Tensor& input = {}) {
     if (!wiring_agreed_) {
       agree_on_wiring();
@@ -131,8 +138,12 @@ public:
           told = i + 1;
           continue;
         }
-        comm_->send_description(detail::description(out), s.to, tag_);
+        const std::vector<std::int64_t> d = detail::description(out);
+        comm_->send_description(d, s.to, tag_);
         told = i + 1;
+        if (d[0] < 0) { // the receiver throws on this description; the tensor is not sent
+          throw invalid_argument(where(i) + "'s output is " + detail::describe(d));
+        }
         at::Tensor delegate = detail::send_through(comm_, out, s.to, tag_);
         delegates = delegates.defined() ? delegates + delegate : delegate;
         current = at::Tensor();
@@ -185,7 +196,7 @@ private:
       mine.push_back(s.from);
       mine.push_back(s.to);
     }
-    const auto all = comm_->describe(mine);
+    const auto all = comm_->lists(mine);
     for (std::size_t a = 0; a < all.size(); ++a) {
       for (std::size_t b = 0; b < all.size(); ++b) {
         if (a == b) {

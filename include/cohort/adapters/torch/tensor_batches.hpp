@@ -40,7 +40,7 @@ struct tensor_batches {
     }
     described = comm.bcast_obj(described, root);
     for (std::size_t i = 0; i < described.size(); ++i) {
-      if (described[i].empty() || described[i][0] == detail::not_on_cpu) {
+      if (described[i].empty() || (described[i][0] < 0 && described[i][0] != detail::no_tensor)) {
         throw invalid_argument("cohort::torch::tensor_batches on rank " +
                                std::to_string(comm.rank()) + ": tensor " + std::to_string(i) +
                                " of the root's (rank " + std::to_string(root) + ") batch is " +

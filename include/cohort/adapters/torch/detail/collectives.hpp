@@ -10,6 +10,8 @@
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 
+#include <boost/serialization/vector.hpp>
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <algorithm>
@@ -39,9 +41,10 @@ struct collectives : ::torch::CustomClassHolder {
   std::function<void(const at::Tensor&, at::Tensor&, int)> gather_to;    // to a root, rank order
   std::function<void(const at::Tensor&, at::Tensor&, int)> scatter_from; // from a root
   std::function<void(const at::Tensor&, at::Tensor&)> alltoall;          // block q to rank q
-  // Every rank's description of its tensor, and the root's alone.
+  // Every rank's description of its tensor (at most description_width - 1 entries), and every
+  // rank's list of any length (object collectives: multi_node_sequential's wiring).
   std::function<std::vector<std::vector<std::int64_t>>(const std::vector<std::int64_t>&)> describe;
-  std::function<std::vector<std::int64_t>(const std::vector<std::int64_t>&, int)> describe_root;
+  std::function<std::vector<std::vector<std::int64_t>>(const std::vector<std::int64_t>&)> lists;
   // A description sent to a rank and received from one (multi_node_sequential's).
   std::function<void(const std::vector<std::int64_t>&, int, int)> send_description;
   std::function<std::vector<std::int64_t>(int, int)> recv_description;
@@ -54,9 +57,13 @@ struct collectives : ::torch::CustomClassHolder {
 inline constexpr std::size_t description_width = 16;
 
 inline std::vector<std::int64_t> padded(const std::vector<std::int64_t>& d) {
+  if (d.size() >= description_width) { // (descriptions are cut to fit: see most_dimensions)
+    throw error("cohort::torch: a description of " + std::to_string(d.size()) +
+                " entries, more than a block of " + std::to_string(description_width) + " holds");
+  }
   std::vector<std::int64_t> block(description_width, 0);
   block[0] = static_cast<std::int64_t>(d.size());
-  std::copy(d.begin(), d.end(), block.begin() + 1); // d.size() < description_width: see below
+  std::copy(d.begin(), d.end(), block.begin() + 1);
   return block;
 }
 inline std::vector<std::int64_t> unpadded(const std::int64_t* block) {
@@ -90,11 +97,7 @@ c10::intrusive_ptr<collectives> collectives_of(Communicator& comm) {
     }
     return each;
   };
-  c->describe_root = [&comm](const std::vector<std::int64_t>& mine, int root) {
-    std::vector<std::int64_t> block = padded(mine);
-    comm.broadcast(block, root);
-    return unpadded(block.data());
-  };
+  c->lists = [&comm](const std::vector<std::int64_t>& mine) { return comm.allgather_obj(mine); };
   c->send_description = [&comm](const std::vector<std::int64_t>& d, int dest, int tag) {
     comm.send(padded(d), dest, tag);
   };
@@ -211,21 +214,37 @@ inline bool agree_on_tensors(const collectives& c, const at::Tensor& x, const ch
 }
 
 // Collective: the root's tensor's description on every rank (checked to split into one block a
-// rank when `split`), the same error on every rank if it is unusable, and whether autograd
-// records the call (where the root's tensor requires a gradient).
+// rank when `split`), the same error on every rank if it is unusable or the grad modes differ, and
+// whether autograd records the call (where the root's tensor requires a gradient).
 inline std::pair<std::vector<std::int64_t>, bool> roots_tensor(const collectives& c,
                                                                const at::Tensor& x, int root,
                                                                const char* operation, bool split) {
+  const std::string where =
+      "cohort::torch::" + std::string(operation) + " on rank " + std::to_string(c.rank) + ": ";
+  if (root < 0 || root >= c.size) {
+    throw invalid_argument(where + "root " + std::to_string(root) + " is not a rank (0 to " +
+                           std::to_string(c.size - 1) + ")");
+  }
+  // The root's description and whether its tensor requires a gradient; every rank's grad mode.
   std::vector<std::int64_t> mine;
   if (c.rank == root) {
     mine = description(x);
     mine.push_back(x.defined() && x.requires_grad() ? 1 : 0);
   }
-  std::vector<std::int64_t> d = c.describe_root(mine, root);
-  const bool requires_grad = d.back() != 0;
-  d.pop_back();
-  const std::string where =
-      "cohort::torch::" + std::string(operation) + " on rank " + std::to_string(c.rank) + ": ";
+  mine.push_back(c10::GradMode::is_enabled() ? 1 : 0);
+  const auto all = c.describe(mine);
+  for (std::size_t q = 0; q < all.size(); ++q) {
+    if (all[q].back() != all[0].back()) {
+      throw mismatch_error(where + "autograd records gradients on rank " +
+                           std::to_string(all[q].back() != 0 ? q : 0) + " but not on rank " +
+                           std::to_string(all[q].back() != 0 ? 0 : q) +
+                           " (a NoGradGuard or inference mode on some ranks only): their "
+                           "backward passes would differ");
+    }
+  }
+  std::vector<std::int64_t> d(all[static_cast<std::size_t>(root)].begin(),
+                              all[static_cast<std::size_t>(root)].end() - 2);
+  const bool requires_grad = all[static_cast<std::size_t>(root)].end()[-2] != 0;
   if (d.empty() || d[0] < 0) {
     throw invalid_argument(where + "the root's (rank " + std::to_string(root) + ") tensor is " +
                            describe(d));
