@@ -21,6 +21,7 @@
 #include <functional>
 #include <string>
 #include <torch/custom_class.h>
+#include <utility>
 #include <vector>
 
 namespace cohort {
