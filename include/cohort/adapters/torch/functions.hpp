@@ -235,18 +235,16 @@ inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tens
     throw invalid_argument("cohort::torch::send on rank " + std::to_string(c->rank) +
                            ": the tensor is " + describe({x.defined() ? not_on_cpu : no_tensor}));
   }
-  const bool recorded = at::isFloatingType(x.scalar_type()) && c10::GradMode::is_enabled();
-  const at::Tensor a = anchor(recorded, x.options());
+  const at::Tensor a = anchor(differentiable(x.scalar_type()), x.options());
   return send_function::apply(x, a, std::move(c), std::int64_t{dest}, std::int64_t{tag});
 }
 
 // A recv of a tensor of description `d` from `source`, recorded as the send at the other end is.
 inline at::Tensor recv_through(c10::intrusive_ptr<collectives> c,
                                const std::vector<std::int64_t>& d, int source, int tag) {
-  const bool recorded =
-      at::isFloatingType(static_cast<at::ScalarType>(d[0])) && c10::GradMode::is_enabled();
-  return recv_function::apply(anchor(recorded, options_of(d)), std::move(c), std::int64_t{source},
-                              std::int64_t{tag}, at::empty(sizes_of(d), options_of(d)));
+  return recv_function::apply(anchor(differentiable(d), options_of(d)), std::move(c),
+                              std::int64_t{source}, std::int64_t{tag},
+                              at::empty(sizes_of(d), options_of(d)));
 }
 
 } // namespace detail

@@ -18,7 +18,6 @@
 #include <c10/core/GradMode.h>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <torch/custom_class.h>
 #include <utility>
@@ -30,25 +29,27 @@ namespace torch {
 namespace detail {
 
 // The communicator's operations the functions need, type-erased: the autograd context stores only
-// IValues, and keeps this one (a capsule) for backward. It refers to the communicator, which must
-// outlive every graph made through it.
+// IValues, and keeps this one (a capsule) for backward. One object a call (its virtual calls cost
+// nothing beside the communication); it refers to the communicator, which must outlive every graph
+// made through it.
 struct collectives : ::torch::CustomClassHolder {
-  std::function<void(at::Tensor&)> sum;                                  // in place, over the ranks
-  std::function<void(const at::Tensor&, at::Tensor&)> gather;            // all-gather, rank order
-  std::function<void(const at::Tensor&, at::Tensor&)> sum_scatter;       // reduce-scatter of a sum
-  std::function<void(const at::Tensor&, int, int)> send;                 // to a rank, with a tag
-  std::function<void(at::Tensor&, int, int)> recv;                       // from a rank, with a tag
-  std::function<void(at::Tensor&, int)> broadcast;                       // from a root
-  std::function<void(const at::Tensor&, at::Tensor&, int)> gather_to;    // to a root, rank order
-  std::function<void(const at::Tensor&, at::Tensor&, int)> scatter_from; // from a root
-  std::function<void(const at::Tensor&, at::Tensor&)> alltoall;          // block q to rank q
+  using list = std::vector<std::int64_t>;
+  virtual void sum(at::Tensor& t) const = 0;                                 // in place
+  virtual void gather(const at::Tensor& in, at::Tensor& out) const = 0;      // all-gather
+  virtual void sum_scatter(const at::Tensor& in, at::Tensor& out) const = 0; // reduce-scatter
+  virtual void send(const at::Tensor& t, int dest, int tag) const = 0;
+  virtual void recv(at::Tensor& t, int source, int tag) const = 0;
+  virtual void broadcast(at::Tensor& t, int root) const = 0;
+  virtual void gather_to(const at::Tensor& in, at::Tensor& out, int root) const = 0;
+  virtual void scatter_from(const at::Tensor& in, at::Tensor& out, int root) const = 0;
+  virtual void alltoall(const at::Tensor& in, at::Tensor& out) const = 0; // block q to rank q
   // Every rank's description of its tensor (at most description_width - 1 entries), and every
   // rank's list of any length (object collectives: multi_node_sequential's wiring).
-  std::function<std::vector<std::vector<std::int64_t>>(const std::vector<std::int64_t>&)> describe;
-  std::function<std::vector<std::vector<std::int64_t>>(const std::vector<std::int64_t>&)> lists;
+  virtual std::vector<list> describe(const list& mine) const = 0;
+  virtual std::vector<list> lists(const list& mine) const = 0;
   // A description sent to a rank and received from one (multi_node_sequential's).
-  std::function<void(const std::vector<std::int64_t>&, int, int)> send_description;
-  std::function<std::vector<std::int64_t>(int, int)> recv_description;
+  virtual void send_description(const list& d, int dest, int tag) const = 0;
+  virtual list recv_description(int source, int tag) const = 0;
   std::int64_t size = 1;
   std::int64_t rank = 0;
 };
@@ -71,45 +72,54 @@ inline std::vector<std::int64_t> unpadded(const std::int64_t* block) {
   return {block + 1, block + 1 + block[0]};
 }
 
+// The operations over one communicator.
 template <class Communicator>
-c10::intrusive_ptr<collectives> collectives_of(Communicator& comm) {
-  auto c = c10::make_intrusive<collectives>();
-  c->sum = [&comm](at::Tensor& t) { comm.allreduce(t, reduce_op::sum); };
-  c->gather = [&comm](const at::Tensor& in, at::Tensor& out) { comm.allgather(in, out); };
-  c->sum_scatter = [&comm](const at::Tensor& in, at::Tensor& out) {
+struct collectives_over final : collectives {
+  explicit collectives_over(Communicator& c)
+      : comm(c) {
+    size = c.size();
+    rank = c.rank();
+  }
+  void sum(at::Tensor& t) const override { comm.allreduce(t, reduce_op::sum); }
+  void gather(const at::Tensor& in, at::Tensor& out) const override { comm.allgather(in, out); }
+  void sum_scatter(const at::Tensor& in, at::Tensor& out) const override {
     comm.reduce_scatter(in, out, reduce_op::sum);
-  };
-  c->send = [&comm](const at::Tensor& t, int dest, int tag) { comm.send(t, dest, tag); };
-  c->recv = [&comm](at::Tensor& t, int source, int tag) { comm.recv(t, source, tag); };
-  c->broadcast = [&comm](at::Tensor& t, int root) { comm.broadcast(t, root); };
-  c->gather_to = [&comm](const at::Tensor& in, at::Tensor& out, int root) {
+  }
+  void send(const at::Tensor& t, int dest, int tag) const override { comm.send(t, dest, tag); }
+  void recv(at::Tensor& t, int source, int tag) const override { comm.recv(t, source, tag); }
+  void broadcast(at::Tensor& t, int root) const override { comm.broadcast(t, root); }
+  void gather_to(const at::Tensor& in, at::Tensor& out, int root) const override {
     comm.gather(in, out, root);
-  };
-  c->scatter_from = [&comm](const at::Tensor& in, at::Tensor& out, int root) {
+  }
+  void scatter_from(const at::Tensor& in, at::Tensor& out, int root) const override {
     comm.scatter(in, out, root);
-  };
-  c->alltoall = [&comm](const at::Tensor& in, at::Tensor& out) { comm.alltoall(in, out); };
-  c->describe = [&comm](const std::vector<std::int64_t>& mine) {
-    std::vector<std::int64_t> all(description_width * static_cast<std::size_t>(comm.size()));
+  }
+  void alltoall(const at::Tensor& in, at::Tensor& out) const override { comm.alltoall(in, out); }
+  std::vector<list> describe(const list& mine) const override {
+    list all(description_width * static_cast<std::size_t>(comm.size()));
     comm.allgather(padded(mine), all);
-    std::vector<std::vector<std::int64_t>> each;
+    std::vector<list> each;
     for (std::size_t q = 0; q < all.size(); q += description_width) {
       each.push_back(unpadded(all.data() + q));
     }
     return each;
-  };
-  c->lists = [&comm](const std::vector<std::int64_t>& mine) { return comm.allgather_obj(mine); };
-  c->send_description = [&comm](const std::vector<std::int64_t>& d, int dest, int tag) {
+  }
+  std::vector<list> lists(const list& mine) const override { return comm.allgather_obj(mine); }
+  void send_description(const list& d, int dest, int tag) const override {
     comm.send(padded(d), dest, tag);
-  };
-  c->recv_description = [&comm](int source, int tag) {
-    std::vector<std::int64_t> block(description_width);
+  }
+  list recv_description(int source, int tag) const override {
+    list block(description_width);
     comm.recv(block, source, tag);
     return unpadded(block.data());
-  };
-  c->size = comm.size();
-  c->rank = comm.rank();
-  return c;
+  }
+
+  Communicator& comm;
+};
+
+template <class Communicator>
+c10::intrusive_ptr<collectives> collectives_of(Communicator& comm) {
+  return c10::make_intrusive<collectives_over<Communicator>>(comm);
 }
 
 // A tensor described for the ranks to compare: its dtype, then its sizes. {-1}: no tensor; {-2}:
@@ -162,11 +172,13 @@ inline at::TensorOptions options_of(const std::vector<std::int64_t>& d) {
   return at::TensorOptions(static_cast<at::ScalarType>(d[0]));
 }
 
-// Whether autograd can differentiate through a tensor of this description here: a floating dtype,
-// and gradients being recorded (no NoGradGuard, no inference mode).
+// Whether autograd can differentiate through a tensor of this dtype (or description) here: a
+// floating dtype, and gradients being recorded (no NoGradGuard, no inference mode).
+inline bool differentiable(at::ScalarType dtype) {
+  return at::isFloatingType(dtype) && c10::GradMode::is_enabled();
+}
 inline bool differentiable(const std::vector<std::int64_t>& d) {
-  return d.size() >= 1 && d[0] >= 0 && at::isFloatingType(static_cast<at::ScalarType>(d[0])) &&
-         c10::GradMode::is_enabled();
+  return !d.empty() && d[0] >= 0 && differentiable(static_cast<at::ScalarType>(d[0]));
 }
 
 // Collective: the ranks' tensors must have one shape and dtype, be in CPU memory, and, when
