@@ -500,6 +500,16 @@ std::vector<at::Tensor> parameters_of(const std::vector<torch::nn::Sequential>& 
   return all;
 }
 
+// One SGD step of the whole model in one process, on the whole batch: its loss.
+at::Tensor reference_step(const std::vector<torch::nn::Sequential>& whole, torch::optim::SGD& opt,
+                          const at::Tensor& x, const at::Tensor& target) {
+  opt.zero_grad();
+  const at::Tensor loss = torch::mse_loss(through(whole, x), target);
+  loss.backward();
+  opt.step();
+  return loss;
+}
+
 void require_same_parameters(const torch::nn::Module& got, const torch::nn::Module& expected) {
   const auto a = got.parameters(), b = expected.parameters();
   BOOST_TEST_REQUIRE(a.size() == b.size());
@@ -528,10 +538,7 @@ BOOST_AUTO_TEST_CASE(a_pipeline_over_every_rank_trains_as_in_one_process) {
   const at::Tensor inputs = torch::randn({10, 5, 4}, torch::kDouble);
   const at::Tensor targets = torch::randn({10, 5, 3}, torch::kDouble);
   for (std::int64_t step = 0; step < 10; ++step) {
-    whole_opt.zero_grad();
-    const at::Tensor expected = torch::mse_loss(through(whole, inputs[step]), targets[step]);
-    expected.backward();
-    whole_opt.step();
+    const at::Tensor expected = reference_step(whole, whole_opt, inputs[step], targets[step]);
     split_opt.zero_grad();
     // Only rank 0 reads the input; only the last rank has the output.
     const at::Tensor out = model(r == 0 ? inputs[step] : at::Tensor());
@@ -640,10 +647,7 @@ BOOST_AUTO_TEST_CASE(a_2d_grid_of_pipelines_and_replicas_trains_as_in_one_proces
   const at::Tensor inputs = torch::randn({10, 8, 4}, torch::kDouble);
   const at::Tensor targets = torch::randn({10, 8, 3}, torch::kDouble);
   for (std::int64_t step = 0; step < 10; ++step) {
-    whole_opt.zero_grad();
-    const at::Tensor expected = torch::mse_loss(through(whole, inputs[step]), targets[step]);
-    expected.backward();
-    whole_opt.step();
+    const at::Tensor expected = reference_step(whole, whole_opt, inputs[step], targets[step]);
     split_opt.zero_grad();
     const at::Tensor half = inputs[step].narrow(0, 4 * replica, 4);
     const at::Tensor out = model(stage == 0 ? half : at::Tensor());
