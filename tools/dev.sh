@@ -8,8 +8,9 @@
 #   tools/dev.sh sanitize [thread|address|fuzz]...
 #                          build the multi-rank suites with ThreadSanitizer, then with
 #                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
-#                          mpirun, then fuzz the checkpoint loader (tools/fuzz.sh) (what CI runs
-#                          next); suppressions for Open MPI in test/sanitizers
+#                          mpirun, then fuzz the checkpoint loader for COHORT_FUZZ_SECONDS (60)
+#                          (tools/fuzz.sh) (what CI runs next); suppressions for Open MPI in
+#                          test/sanitizers
 #   tools/dev.sh bench [allreduce|grad_sync|overlap|checkpoint] [options]
 #                          build and run a benchmark (default allreduce) on 2 ranks
 #   tools/dev.sh bench plot
@@ -25,11 +26,18 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested,
 # libxxhash-dev for checkpoints, clang-14 and its libFuzzer runtime to fuzz their loader,
 # numpy and matplotlib for bench/'s figures and cost model (and their test).
+# ccache, so that a second build of the same sources (another clone on the same machine, CI after
+# a session) compiles only what changed.
 packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
           libboost-serialization-dev libeigen3-dev libtorch-dev libxxhash-dev clang-14
-          libclang-rt-14-dev python3-numpy python3-matplotlib)
+          libclang-rt-14-dev python3-numpy python3-matplotlib ccache)
 
 deps() {
+  stage_begin packages
+  install_missing
+  stage_end
+}
+install_missing() {
   local missing=()
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -43,11 +51,45 @@ deps() {
     "${missing[@]}"
 }
 
+# Each stage's wall time, appended to $COHORT_STAGE_LOG where it is set (.ci/run prints them as a
+# table): "command: stage<TAB>seconds<TAB>ok|failed". A stage that fails is logged by the EXIT trap.
+command=${1:-}
+stage_name=
+stage_begin() {
+  stage_name=$1
+  stage_start=$SECONDS
+}
+stage_end() {
+  if [ -n "$stage_name" ] && [ -n "${COHORT_STAGE_LOG:-}" ]; then
+    printf '%s: %s\t%s\t%s\n' "${command:-}" "$stage_name" "$((SECONDS - stage_start))" "${1:-ok}" \
+      >>"$COHORT_STAGE_LOG"
+  fi
+  stage_name=
+}
+trap 'stage_end failed' EXIT
+
+# ccache where it is installed (COHORT_CCACHE=0 turns it off): paths taken relative to the
+# checkout (and the debug information's directory not hashed), so that another clone of the same
+# sources hits the same entries. Exported too, so that the projects the tests configure (the
+# package consumers, Conan's test_package) compile through it as well.
+launchers=()
+if [ "${COHORT_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+else
+  launchers=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
+fi
+
 # One build directory for every command: each configures the same way and builds what it needs.
 configure_and_build() {
+  stage_begin configure
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_TESTS=ON \
-    -DCOHORT_BUILD_EXAMPLES=ON -DCOHORT_BUILD_BENCHMARKS=ON
+    -DCOHORT_BUILD_EXAMPLES=ON -DCOHORT_BUILD_BENCHMARKS=ON "${launchers[@]}"
+  stage_end
+  stage_begin build
   cmake --build "$build" -j "$jobs" "$@"
+  stage_end
 }
 
 # mpirun on a machine with fewer cores than ranks, possibly as root (CI containers): allow
@@ -72,7 +114,9 @@ case "${1:-}" in
     configure_and_build
     mpi_environment
     cd "$build"
+    stage_begin test
     ctest --output-on-failure -j 2 --timeout 900
+    stage_end
     ;;
   sanitize)
     shift
@@ -102,7 +146,9 @@ case "${1:-}" in
     for kind in "${kinds[@]}"; do
       case "$kind" in
         fuzz)
-          "$root/tools/fuzz.sh" --runs "${COHORT_FUZZ_RUNS:-300000}"
+          stage_begin fuzz
+          "$root/tools/fuzz.sh" --seconds "${COHORT_FUZZ_SECONDS:-60}"
+          stage_end
           continue
           ;;
         thread) flags="-fsanitize=thread" ;;
@@ -110,13 +156,20 @@ case "${1:-}" in
         *) echo "unknown sanitizer '$kind' (thread, address or fuzz)"; exit 2 ;;
       esac
       dir="$root/build-$kind"
+      # The suites against the engine compiled once (COHORT_TEST_SEPARATE_COMPILATION, in
+      # test/CMakeLists.txt): the same code, instrumented, in half the compile time.
+      stage_begin "$kind: build"
       cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCOHORT_BUILD_TESTS=ON \
         -DCOHORT_BUILD_EXAMPLES=OFF -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=OFF \
+        -DCOHORT_TEST_SEPARATE_COMPILATION=ON \
         "-DCMAKE_CXX_FLAGS=-O1 -g1 -fno-omit-frame-pointer $flags" \
-        "-DCMAKE_EXE_LINKER_FLAGS=$flags"
+        "-DCMAKE_EXE_LINKER_FLAGS=$flags" "${launchers[@]}"
       cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+      stage_end
+      stage_begin "$kind: test"
       (cd "$dir" && ctest --output-on-failure -j 2 --timeout 600 \
         -R '^(transport|algorithm|communicator|training|adapters|checkpoint)\.')
+      stage_end
     done
     ;;
   bench)
@@ -160,7 +213,7 @@ case "${1:-}" in
     mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"
     ;;
   *)
-    sed -n '3,17p' "${BASH_SOURCE[0]}"
+    sed -n '3,18p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
 esac
