@@ -151,11 +151,12 @@ case "${1:-}" in
       esac
       dir="$root/build-$kind"
       # The suites against the engine compiled once (COHORT_TEST_SEPARATE_COMPILATION, in
-      # test/CMakeLists.txt): the same code, instrumented, in half the compile time.
+      # test/CMakeLists.txt): the same code, instrumented, in half the compile time; their jobs'
+      # time bounds three times the Release ones (COHORT_TEST_TIME_SCALE).
       stage_begin "$kind: build"
       cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCOHORT_BUILD_TESTS=ON \
         -DCOHORT_BUILD_EXAMPLES=OFF -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=OFF \
-        -DCOHORT_TEST_SEPARATE_COMPILATION=ON \
+        -DCOHORT_TEST_SEPARATE_COMPILATION=ON -DCOHORT_TEST_TIME_SCALE=3 \
         "-DCMAKE_CXX_FLAGS=-O1 -g1 -fno-omit-frame-pointer $flags" \
         "-DCMAKE_EXE_LINKER_FLAGS=$flags" "${launchers[@]}"
       cmake --build "$dir" -j "$jobs" --target test_programs
