@@ -40,6 +40,7 @@ deps() {
   stage_begin packages
   install_missing
   stage_end
+  compiler_cache
 }
 install_missing() {
   local missing=()
@@ -76,14 +77,18 @@ trap 'stage_end failed' EXIT
 # checkout (and the debug information's directory not hashed), so that another clone of the same
 # sources hits the same entries. Exported too, so that the projects the tests configure (the
 # package consumers, Conan's test_package) compile through it as well.
+# Decided after the packages are installed (deps), since ccache is one of them.
 launchers=()
-if [ "${COHORT_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
-  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
-  launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-else
-  launchers=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
-fi
+compiler_cache() {
+  if [ "${COHORT_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+    export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+    export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+    launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  else
+    unset CMAKE_CXX_COMPILER_LAUNCHER CMAKE_CUDA_COMPILER_LAUNCHER
+    launchers=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
+  fi
+}
 
 # One build directory for every command: each configures the same way and builds what it needs.
 configure_and_build() {
@@ -141,7 +146,10 @@ case "${1:-}" in
       case "$kind" in
         fuzz)
           stage_begin fuzz
-          "$root/tools/fuzz.sh" --seconds "${COHORT_FUZZ_SECONDS:-60}"
+          # A fixed time (COHORT_FUZZ_SECONDS), or a run count where COHORT_FUZZ_RUNS is set.
+          limit=(--seconds "${COHORT_FUZZ_SECONDS:-60}")
+          [ -n "${COHORT_FUZZ_RUNS:-}" ] && limit=(--runs "$COHORT_FUZZ_RUNS")
+          "$root/tools/fuzz.sh" "${limit[@]}"
           stage_end
           continue
           ;;
@@ -161,11 +169,11 @@ case "${1:-}" in
         "-DCMAKE_EXE_LINKER_FLAGS=$flags" "${launchers[@]}"
       cmake --build "$dir" -j "$jobs" --target test_programs
       stage_end
-      # Every suite of test/ but the header, package, compile-fail, GPU and example runs (none of
-      # which runs cohort's code in a process of its own build).
+      # Every suite of test/ that runs cohort's code (the header, package and compile-fail tests
+      # compile it, the GPU tests need nvcc, and the examples are not built here).
       stage_begin "$kind: test"
       (cd "$dir" && ctest --output-on-failure -j "$test_jobs" --timeout 600 \
-        -R '^(tensor|kernels|reducer|transport|algorithm|communicator|training|adapters|checkpoint)\.')
+        -R '^(tensor|kernels|reducer|transport|algorithm|communicator|training|adapters|checkpoint|support)\.')
       stage_end
     done
     ;;
@@ -210,7 +218,7 @@ case "${1:-}" in
     mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"
     ;;
   *)
-    sed -n '3,18p' "${BASH_SOURCE[0]}"
+    sed -n '3,19p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
 esac
