@@ -8,7 +8,7 @@
 #   tools/dev.sh sanitize [thread|address|fuzz]...
 #                          build the multi-rank suites with ThreadSanitizer, then with
 #                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
-#                          mpirun, then fuzz the checkpoint loader for COHORT_FUZZ_SECONDS (60)
+#                          mpirun, then fuzz the checkpoint loader for COHORT_FUZZ_SECONDS (30)
 #                          (tools/fuzz.sh) (what CI runs next); suppressions for Open MPI in
 #                          test/sanitizers
 #   tools/dev.sh bench [allreduce|grad_sync|overlap|checkpoint] [options]
@@ -147,7 +147,7 @@ case "${1:-}" in
         fuzz)
           stage_begin fuzz
           # A fixed time (COHORT_FUZZ_SECONDS), or a run count where COHORT_FUZZ_RUNS is set.
-          limit=(--seconds "${COHORT_FUZZ_SECONDS:-60}")
+          limit=(--seconds "${COHORT_FUZZ_SECONDS:-30}")
           [ -n "${COHORT_FUZZ_RUNS:-}" ] && limit=(--runs "$COHORT_FUZZ_RUNS")
           "$root/tools/fuzz.sh" "${limit[@]}"
           stage_end
