@@ -6,7 +6,7 @@
 #   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
 #   tools/dev.sh test      build and run the whole test suite (what CI runs first)
 #   tools/dev.sh sanitize [thread|address|fuzz]...
-#                          build the multi-rank suites with ThreadSanitizer, then with
+#                          build the test suites with ThreadSanitizer, then with
 #                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
 #                          mpirun, then fuzz the checkpoint loader for COHORT_FUZZ_SECONDS (30)
 #                          (tools/fuzz.sh) (what CI runs next); suppressions for Open MPI in
