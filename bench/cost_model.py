@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks the cost model of docs/algorithms.md against the benchmarks.
 
-  bench/cost_model.py [--results bench] [--ranks 2 4]
+  bench/cost_model.py [--results bench/results] [--ranks 2 4]
 
 1. Fits α (latency of one message), β (time per byte on the wire) and γ (time per byte of a memory
-   pass) to the rows of bench/allreduce (results-plot-allreduce-np*.txt, 1 MiB tensors, and
-   results-plot-allreduce16k-np*.txt, 16 KiB tensors) by least squares on the relative error, one
+   pass) to the rows of bench/allreduce (plot-allreduce-np*.txt, 1 MiB tensors, and
+   plot-allreduce16k-np*.txt, 16 KiB tensors) by least squares on the relative error, one
    fit per rank count, then prints the model's time beside the measured one for every strategy
    and size. β has two values: β_c while the ranks' buffers fit in the last-level cache together
    (n·S ≤ L3) and β_m past it, where the bytes come from memory; one β cannot describe both (the
@@ -161,7 +161,7 @@ def check_machine(results, ranks, llc):
     for n in ranks:
         rows = []
         for kind in ("allreduce", "allreduce16k"):
-            path = results / f"results-plot-{kind}-np{n}.txt"
+            path = results / f"plot-{kind}-np{n}.txt"
             if tables.ranks(path) != n:
                 sys.exit(f"{path}: a table of {tables.ranks(path)} ranks, not {n}")
             for row in tables.allreduce(path):
@@ -184,7 +184,7 @@ def check_machine(results, ranks, llc):
             if row["table"] != table:
                 table = row["table"]
                 print("# float32 tensors of at most " +
-                      ("16 KiB" if table.endswith("16k") else "1 MiB") + f" (results-plot-{table}-np{n}.txt)")
+                      ("16 KiB" if table.endswith("16k") else "1 MiB") + f" (plot-{table}-np{n}.txt)")
             terms = row_terms(row["method"], n, row["bytes"], row["tensors"], llc)
             if terms is None:
                 continue
@@ -282,7 +282,7 @@ def check_clusters():
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
     check_machine(args.results, args.ranks, last_level_cache())

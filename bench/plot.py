@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Draws the benchmark tables as the figures of docs/performance.md.
 
-  bench/plot.py [--results bench] [--out docs/performance]
+  bench/plot.py [--results bench/results] [--out docs/performance]
 
-Reads results-plot-{allreduce,grad_sync,overlap}-np{2,4}.txt under --results (what
+Reads plot-{allreduce,grad_sync,overlap}-np{2,4}.txt under --results (what
 `tools/dev.sh bench plot` writes) and writes:
   bandwidth.png  bus bandwidth against size, per strategy beside raw MPI, one panel per rank count
   vs_raw.png     each strategy's time over raw MPI's on the same bytes (below 1: faster)
@@ -138,7 +138,7 @@ def step_figure(grad_sync_runs, overlap_runs, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent.parent / "docs" / "performance")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
@@ -148,7 +148,7 @@ def main():
     def load(kind, reader):
         runs = []
         for n in args.ranks:
-            path = args.results / f"results-plot-{kind}-np{n}.txt"
+            path = args.results / f"plot-{kind}-np{n}.txt"
             if tables.ranks(path) != n:
                 sys.exit(f"{path}: a table of {tables.ranks(path)} ranks, not {n}")
             runs.append((n, reader(path)))

@@ -15,7 +15,7 @@
 #                          build and run a benchmark (default allreduce) on 2 ranks
 #   tools/dev.sh bench plot
 #                          run the benchmarks behind docs/performance.md at 2 and 4 ranks into
-#                          bench/results-plot-*.txt, draw its figures and check the cost model
+#                          bench/results/plot-*.txt, draw its figures and check the cost model
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
 
@@ -190,7 +190,7 @@ case "${1:-}" in
         unset OMPI_MCA_btl_vader_single_copy_mechanism
         # ranks, benchmark, table name, options
         table() {
-          mpirun -np "$1" "$build/bench/bench_$2" "${@:4}" >"$root/bench/results-plot-$3-np$1.txt"
+          mpirun -np "$1" "$build/bench/bench_$2" "${@:4}" >"$root/bench/results/plot-$3-np$1.txt"
         }
         for n in 2 4; do
           table "$n" allreduce allreduce
@@ -199,7 +199,7 @@ case "${1:-}" in
           table "$n" overlap overlap
         done
         /usr/bin/python3 "$root/bench/plot.py"
-        /usr/bin/python3 "$root/bench/cost_model.py" | tee "$root/bench/results-cost_model.txt"
+        /usr/bin/python3 "$root/bench/cost_model.py" | tee "$root/bench/results/cost_model.txt"
         exit 0
         ;;
       allreduce | grad_sync | overlap | checkpoint)

@@ -61,20 +61,20 @@ for n, truth in ((2, [0.8e-6, 2.4e-6, 0.09e-9, 0.15e-9, 0.03e-9]),
                 lines.append(f"{size:>13} {size // 4:>11} {tensors:>8} {method:>15} "
                              f"{seconds * 1e6:>12.4f} {1.0:>12.3f} {1.0:>12.3f} {1.0:>7.2f}\n")
             size *= 2
-        (work / f"results-plot-{kind}-np{n}.txt").write_text("".join(lines))
+        (work / f"plot-{kind}-np{n}.txt").write_text("".join(lines))
     rows = []
     for kind in ("allreduce", "allreduce16k"):
-        rows += tables.allreduce(work / f"results-plot-{kind}-np{n}.txt")
+        rows += tables.allreduce(work / f"plot-{kind}-np{n}.txt")
     found = cost_model.fit(rows, n, llc)
     for name, want, got in zip(cost_model.PARAMETERS, truth, found):
         check(abs(got - want) <= 0.01 * want, f"{n} ranks: {name} fitted {got:.4g}, made with {want:.4g}")
 
 # 2. The committed tables parse; a malformed row names its file.
 for n in (2, 4):
-    methods = [r["method"] for r in tables.grad_sync(bench / f"results-plot-grad_sync-np{n}.txt")]
+    methods = [r["method"] for r in tables.grad_sync(bench / "results" / f"plot-grad_sync-np{n}.txt")]
     check("flat, 256 KiB seg." in methods, f"grad_sync np{n}: methods read as {methods}")
-    check(len(tables.overlap(bench / f"results-plot-overlap-np{n}.txt")) > 0, f"overlap np{n} empty")
-    check(tables.ranks(bench / f"results-plot-allreduce-np{n}.txt") == n, f"allreduce np{n} ranks")
+    check(len(tables.overlap(bench / "results" / f"plot-overlap-np{n}.txt")) > 0, f"overlap np{n} empty")
+    check(tables.ranks(bench / "results" / f"plot-allreduce-np{n}.txt") == n, f"allreduce np{n} ranks")
 bad = work / "bad.txt"
 bad.write_text(HEADER.format(n=2) + "   4096  1024  1  raw  1.0\n")
 try:
@@ -95,7 +95,7 @@ for name in ("bandwidth.png", "vs_raw.png", "step.png"):
 mixed = work / "mixed"
 mixed.mkdir()
 for kind in ("allreduce", "grad_sync", "overlap"):
-    shutil.copy(bench / f"results-plot-{kind}-np4.txt", mixed / f"results-plot-{kind}-np2.txt")
+    shutil.copy(bench / "results" / f"plot-{kind}-np4.txt", mixed / f"plot-{kind}-np2.txt")
 run = subprocess.run([sys.executable, str(bench / "plot.py"), "--results", str(mixed), "--out",
                       str(work / "mixed-out"), "--ranks", "2"], capture_output=True, text=True)
 check(run.returncode != 0 and "a table of 4 ranks, not 2" in run.stderr,

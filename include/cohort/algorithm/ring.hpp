@@ -41,7 +41,7 @@ struct ring_options {
   //! each chunk as it waits for it, so that chunks posted early do not leave the cache before they
   //! are reduced: windows of 1, 2, 4 and 8 chunks measured from 8% faster to 25% slower than all
   //! at once, 512 KiB to 256 MiB (bench/allreduce --ring-window, rows ring and ring/window;
-  //! bench/results-ring-window-np{2,4}.txt).
+  //! bench/results/ring-window-np{2,4}.txt).
   std::size_t window = 0;
   //! The tag of the ring's messages on the communicator (give the ring a communicator of its own,
   //! or a tag nothing else uses).

@@ -89,7 +89,7 @@ private:
     if (this->inter_size() == 1) {
       // One node: nothing to split across nodes, and MPI's all-reduce over the node beats the
       // ring's reduce-scatter and all-gather there (32 KiB-16 MiB: the ring 1.07-1.68x raw MPI,
-      // bench/results-plot-allreduce-np2.txt), so the ring is not chosen where it loses.
+      // bench/results/plot-allreduce-np2.txt), so the ring is not chosen where it loses.
       detail::mpi_link<Intra>{this->grad_intra_comm(), this->options().segment_bytes}.allreduce(
           bucket, op);
       return;
