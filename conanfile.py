@@ -43,7 +43,7 @@ class CohortConan(ConanFile):
 
     def requirements(self):
         # Public headers include both, so both are transitive. ConanCenter's Boost builds without
-        # MPI by default: take both from the system with [platform_requires] (README).
+        # MPI by default: take both from the system with [platform_requires] (docs/packaging.md).
         self.requires("boost/[>=1.74]", transitive_headers=True)
         self.requires("openmpi/[>=4.1]", transitive_headers=True)
         if self.options.with_eigen:

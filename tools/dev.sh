@@ -4,7 +4,7 @@
 # what is missing (apt packages), then configures and builds in ./build.
 #
 #   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
-#   tools/dev.sh test      build and run the whole test suite (what CI runs first)
+#   tools/dev.sh test      build and run the whole test suite (what CI runs after docs)
 #   tools/dev.sh sanitize [thread|address|fuzz]...
 #                          build the test suites with ThreadSanitizer, then with
 #                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
@@ -16,6 +16,11 @@
 #   tools/dev.sh bench plot
 #                          run the benchmarks behind docs/performance.md at 2 and 4 ranks into
 #                          bench/results/plot-*.txt, draw its figures and check the cost model
+#   tools/dev.sh docs [serve]
+#                          build the documentation site (mkdocs.yml: the guide in docs/, the API
+#                          reference from the headers' //! comments through Doxygen) in strict
+#                          mode into build/site, with MkDocs from PyPI in .venv (what CI runs
+#                          first); serve: serve it on http://127.0.0.1:8000 as you edit
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
 
@@ -29,12 +34,13 @@ test_jobs=$((2 * jobs))
 
 # libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested,
 # libxxhash-dev for checkpoints, clang-14 and its libFuzzer runtime to fuzz their loader,
-# numpy and matplotlib for bench/'s figures and cost model (and their test).
+# numpy and matplotlib for bench/'s figures and cost model (and their test), doxygen for the
+# documentation's API reference (python3-venv holds the documentation's Python packages).
 # ccache, so that a second build of the same sources (another clone on the same machine, CI after
 # a session) compiles only what changed.
 packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
           libboost-serialization-dev libeigen3-dev libtorch-dev libxxhash-dev clang-14
-          libclang-rt-14-dev python3-numpy python3-matplotlib ccache)
+          libclang-rt-14-dev python3-numpy python3-matplotlib ccache doxygen)
 
 deps() {
   stage_begin packages
@@ -42,9 +48,11 @@ deps() {
   stage_end
   compiler_cache
 }
+# The packages named, or all of them.
 install_missing() {
-  local missing=()
-  for p in "${packages[@]}"; do
+  local wanted=("$@") missing=()
+  [ ${#wanted[@]} -eq 0 ] && wanted=("${packages[@]}")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -109,8 +117,42 @@ mpi_environment() {
   export OMPI_MCA_btl_vader_single_copy_mechanism=none
 }
 
+# The documentation's Python packages in .venv, installed again only when docs/requirements.txt
+# changed (a copy of it in the environment says what was installed).
+docs_environment() {
+  venv=$root/.venv
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  if ! cmp -s "$root/docs/requirements.txt" "$venv/docs-requirements.txt"; then
+    echo "installing docs/requirements.txt into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      -r "$root/docs/requirements.txt"
+    cp "$root/docs/requirements.txt" "$venv/docs-requirements.txt"
+  fi
+}
+
 case "${1:-}" in
   deps) deps ;;
+  docs)
+    shift
+    stage_begin packages
+    install_missing python3-venv doxygen
+    docs_environment
+    stage_end
+    # mkdocs.yml's paths (the headers, Doxygen's output, the site) are the checkout's. Doxygen's
+    # output goes first: mkdoxy reuses it while the headers' bytes hash the same, and a header
+    # moved or mkdocs.yml changed would then keep the old pages.
+    cd "$root"
+    rm -rf "$root/build/doxygen"
+    if [ "${1:-}" = serve ]; then
+      shift
+      exec "$venv/bin/mkdocs" serve --strict "$@"
+    fi
+    # Never --quiet: it drops the warnings before strict mode counts them, and the build passes.
+    stage_begin build
+    "$venv/bin/mkdocs" build --strict --clean "$@"
+    stage_end
+    echo "the site: $root/build/site/index.html"
+    ;;
   example)
     deps
     configure_and_build --target mnist_mlp
@@ -218,7 +260,7 @@ case "${1:-}" in
     mpirun -np "${COHORT_BENCH_RANKS:-2}" "$build/bench/bench_$benchmark" "$@"
     ;;
   *)
-    sed -n '3,19p' "${BASH_SOURCE[0]}"
+    sed -n '3,24p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
 esac

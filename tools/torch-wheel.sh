@@ -7,7 +7,7 @@
 # CUDA LibTorch's test over the GPU strategies with nvcc (adapters/torch/cuda.hpp), which runs
 # where each rank has a GPU and is skipped elsewhere. The
 # wheel's LibTorch links its CUDA libraries into every binary: those /usr/local/cuda lacks come
-# from their own wheels. Not part of CI (the wheels are 0.9 GB); see the README for the last
+# from their own wheels. Not part of CI (the wheels are 0.9 GB); see docs/libtorch.md for the last
 # result.
 #
 #   tools/torch-wheel.sh [WORK_DIR] [VERSION_SPEC]     (defaults: /tmp/cohort-torch-wheel, ">=2.1,<3")
