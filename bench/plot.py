@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tables  # noqa: E402
 
 # The strategies a user picks, and raw MPI; the /nocheck, /traced and /notimeout variants are
-# in the tables and in the README, not in the figures.
+# in the tables and in docs/performance.md, not in the figures.
 STRATEGIES = ["raw", "flat", "naive", "tensor", "ring", "hierarchical", "two_dimensional"]
 STYLE = {
     "raw": dict(color="black", linestyle="--", marker="o"),

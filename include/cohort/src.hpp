@@ -10,17 +10,19 @@
 #endif
 
 #include <cohort/algorithm/impl/ring.ipp>
-#include <cohort/communicator/detail/impl/checks.ipp>
-#include <cohort/communicator/detail/impl/control_channel.ipp>
-#include <cohort/communicator/detail/impl/grad_sync.ipp>
-#include <cohort/communicator/detail/impl/parameter_broadcast.ipp>
-#include <cohort/communicator/detail/impl/readiness.ipp>
+#include <cohort/communicator/engine/impl/bucket_plan.ipp>
+#include <cohort/communicator/engine/impl/bucketed_reduction.ipp>
+#include <cohort/communicator/engine/impl/checks.ipp>
+#include <cohort/communicator/engine/impl/control_channel.ipp>
+#include <cohort/communicator/engine/impl/grad_sync.ipp>
+#include <cohort/communicator/engine/impl/grad_sync_step.ipp>
+#include <cohort/communicator/engine/impl/gradient_agreement.ipp>
+#include <cohort/communicator/engine/impl/liveness.ipp>
+#include <cohort/communicator/engine/impl/parameter_broadcast.ipp>
+#include <cohort/communicator/engine/impl/readiness.ipp>
 #include <cohort/communicator/impl/agreement.ipp>
-#include <cohort/communicator/impl/bucket_plan.ipp>
-#include <cohort/communicator/impl/bucketed_reduction.ipp>
 #include <cohort/communicator/impl/communicator_base.ipp>
 #include <cohort/communicator/impl/gradients.ipp>
-#include <cohort/communicator/impl/liveness.ipp>
 #include <cohort/communicator/impl/topology.ipp>
 #include <cohort/detail/impl/watchdog.ipp>
 #include <cohort/impl/error.ipp>

@@ -535,7 +535,7 @@ void check_carried(Strategy& carried, Strategy& uncarried, Reducer reducer, std:
   uncarried.allreduce_grad(b.params, reducer);
   // Carried where the step is one packed bucket that fits the agreement (and only where the
   // agreement is on).
-  const bool fits = (elements + 4) * sizeof(T) <= cohort::detail::liveness::max_carried_bytes;
+  const bool fits = (elements + 4) * sizeof(T) <= cohort::engine::liveness::max_carried_bytes;
   BOOST_TEST(carried.take_grad_sync_stats().carried == (packs && fits ? 1u : 0u),
              Strategy::name << ", " << elements << " elements");
   BOOST_TEST(uncarried.take_grad_sync_stats().carried == 0u);
@@ -558,7 +558,7 @@ void check_carried_every_dtype(cohort::communicator_options options, bool packs 
   auto uncarried = cohort::make_communicator<Strategy>(options);
   // The largest fits the rendezvous exactly: max_carried_bytes of float32, less the two small
   // tensors.
-  const std::size_t fits = cohort::detail::liveness::max_carried_bytes / sizeof(float) - 4;
+  const std::size_t fits = cohort::engine::liveness::max_carried_bytes / sizeof(float) - 4;
   for (const std::size_t n : {std::size_t{5}, std::size_t{1000}, fits, fits + 1}) {
     check_carried<float>(carried, uncarried, cohort::sum{}, n, packs);
     check_carried<float>(carried, uncarried, cohort::mean{}, n, packs);

@@ -2,7 +2,7 @@
 // How gradients are grouped into buckets: the walk order, the limits, the first bucket, in-place
 // tensors, dtypes, and the order buckets are reduced in.
 #define BOOST_TEST_MODULE communicator.bucket_plan
-#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/reducer/compressed.hpp>
 #include <cohort/reducer/mean.hpp>
 
@@ -15,8 +15,8 @@
 namespace {
 using cohort::dtype;
 using cohort::grad_slot;
-using cohort::detail::bucket_limits;
-using cohort::detail::bucket_plan;
+using cohort::engine::bucket_limits;
+using cohort::engine::bucket_plan;
 
 // Slots of the given element counts and dtypes; the data pointers are never read.
 std::vector<grad_slot> layout(const std::vector<std::pair<std::size_t, dtype>>& shapes) {

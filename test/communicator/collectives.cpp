@@ -406,7 +406,7 @@ BOOST_AUTO_TEST_CASE(ranks_in_different_operations_throw_on_every_rank) {
 // the same bits, and a mismatch leaves every rank's data as it was.
 BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, strategies) {
   auto comm = cohort::make_communicator<Strategy>();
-  constexpr std::size_t limit = cohort::detail::liveness::max_carried_bytes;
+  constexpr std::size_t limit = cohort::engine::liveness::max_carried_bytes;
   for (const std::size_t n : {limit / 8 - 1, limit / 8, limit / 8 + 1}) {
     check_allreduce_sum<double>(comm, n);
   }
@@ -503,7 +503,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, str
 // length (one carries two messages' worth, another one) all fall back, and the channel is left
 // clean: the next rendezvous reduces.
 BOOST_AUTO_TEST_CASE(trains_of_any_length_arrive_whole) {
-  using cohort::detail::liveness;
+  using cohort::engine::liveness;
   const boost::mpi::communicator world;
   liveness live(world, std::chrono::minutes(1));
   std::uint64_t sequence = 0;
@@ -513,7 +513,7 @@ BOOST_AUTO_TEST_CASE(trains_of_any_length_arrive_whole) {
                                          cohort::memory_location::host};
     std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
     const std::byte* reduced = live.allreduce_max_carrying(
-        cohort::detail::waiter::caller, values, "train", ++sequence, data, reduce_op::sum);
+        cohort::engine::waiter::caller, values, "train", ++sequence, data, reduce_op::sum);
     return reduced == nullptr
                ? std::vector<std::uint8_t>{}
                : std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(reduced),
@@ -551,7 +551,7 @@ BOOST_AUTO_TEST_CASE(trains_of_any_length_arrive_whole) {
 // every rank fall back, the ranks two exchanges away included; none returns a partial reduction.
 BOOST_AUTO_TEST_CASE(a_rank_that_carries_nothing_makes_every_rank_fall_back) {
   const boost::mpi::communicator world;
-  cohort::detail::liveness live(world, std::chrono::minutes(1));
+  cohort::engine::liveness live(world, std::chrono::minutes(1));
   std::vector<float> x(10, static_cast<float>(world.rank() + 1));
   const cohort::const_tensor_view data{x.data(), x.size(), dtype::float32,
                                        cohort::memory_location::host};
@@ -560,9 +560,9 @@ BOOST_AUTO_TEST_CASE(a_rank_that_carries_nothing_makes_every_rank_fall_back) {
     std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
     const std::byte* reduced = nullptr;
     if (world.rank() == skipper) {
-      live.allreduce_max(cohort::detail::waiter::caller, values, "carrying", ++sequence);
+      live.allreduce_max(cohort::engine::waiter::caller, values, "carrying", ++sequence);
     } else {
-      reduced = live.allreduce_max_carrying(cohort::detail::waiter::caller, values, "carrying",
+      reduced = live.allreduce_max_carrying(cohort::engine::waiter::caller, values, "carrying",
                                             ++sequence, data, reduce_op::sum);
     }
     BOOST_TEST((values == std::array<std::uint64_t, 2>{7, ~std::uint64_t{7}}));
@@ -572,7 +572,7 @@ BOOST_AUTO_TEST_CASE(a_rank_that_carries_nothing_makes_every_rank_fall_back) {
   // Every rank carrying: the sum, everywhere.
   std::array<std::uint64_t, 2> values{7, ~std::uint64_t{7}};
   const std::byte* reduced = live.allreduce_max_carrying(
-      cohort::detail::waiter::caller, values, "carrying", ++sequence, data, reduce_op::sum);
+      cohort::engine::waiter::caller, values, "carrying", ++sequence, data, reduce_op::sum);
   BOOST_TEST_REQUIRE(reduced != nullptr);
   float first = 0;
   std::memcpy(&first, reduced, sizeof first);

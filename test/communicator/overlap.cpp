@@ -360,7 +360,7 @@ public:
 
 private:
   friend cohort::strategy_access;
-  void prepare_exchange(const cohort::detail::bucket&) {
+  void prepare_exchange(const cohort::engine::bucket&) {
     if (fail && rank() == size() - 1) {
       throw std::bad_alloc();
     }

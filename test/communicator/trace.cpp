@@ -437,7 +437,7 @@ BOOST_AUTO_TEST_CASE(small_collectives_are_reduced_in_their_agreement) {
     auto comm = cohort::make_communicator<cohort::flat>({.trace_directory = dir.string()});
     std::vector<float> small(1024, 1.0f); // 4 KiB
     // Twice the most an agreement carries.
-    std::vector<float> large(2 * cohort::detail::liveness::max_carried_bytes / sizeof(float), 1.0f);
+    std::vector<float> large(2 * cohort::engine::liveness::max_carried_bytes / sizeof(float), 1.0f);
     comm.allreduce(small);
     comm.allreduce(large);
     BOOST_TEST(small[1023] == static_cast<float>(comm.size()));

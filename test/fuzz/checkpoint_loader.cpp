@@ -3,7 +3,7 @@
 // bytes loaded into parameters, a random engine, a data position and bucket orders. Whatever the
 // bytes, the loader must end in a `checkpoint_error` or in success: never a crash, a leak, a
 // sanitizer report, or an allocation the bytes did not pay for. (Boost.Serialization values are
-// Boost's format and are left out: see the README.) Built and run by tools/fuzz.sh.
+// Boost's format and are left out: see docs/checkpoints.md.) Built and run by tools/fuzz.sh.
 //
 // Input: the first byte picks what is read; the rest is the manifest's text, or the replicated
 // state's bytes, or both scopes (a 4-byte length of the replicated part first).

@@ -26,6 +26,7 @@
 #include <cohort/checkpoint/files.hpp>
 #include <cohort/checkpoint/layout.hpp>
 #include <cohort/checkpoint/manifest.hpp>
+#include <cohort/checkpoint/save_job.hpp>
 #include <cohort/checkpoint/state.hpp>
 #include <cohort/checkpoint/state_io.hpp>
 #include <cohort/checkpoint/verify.hpp>
@@ -37,7 +38,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cinttypes>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -264,8 +264,8 @@ public:
             }
           }
           std::string_view why = problems[i];
-          if (why.starts_with(prefix)) {
-            why.remove_prefix(prefix.size());
+          if (why.starts_with(checkpoint::error_prefix)) {
+            why.remove_prefix(checkpoint::error_prefix.size());
           }
           note_skipped("step " + std::to_string(step) + " skipped (rank" +
                        (ranks.find(',') == std::string::npos ? " " : "s ") + ranks +
@@ -314,86 +314,18 @@ public:
   static std::string step_name(std::uint64_t step) { return checkpoint::step_name(step); }
 
 private:
-  // One save: the state's bytes, this rank's files once written (or what failed), and the
-  // thread that writes them when asynchronous.
-  struct pending {
-    std::uint64_t step = 0;
-    int rank = 0; // read on the trainer's thread: the writer thread touches no communicator
-    int ranks = 1;
-    checkpoint::byte_writer replicated; // large blocks borrowed from the state
-    checkpoint::byte_writer root;       // rank 0's only
-    checkpoint::byte_writer own;
-    std::array<checkpoint::byte_pieces, 3> pieces; // what is written: the writers' bytes, or
-    std::array<checkpoint::kept_buffer, 3> copies; // with async, their copies here
-    std::string outcome;                           // "ok <numbers>" once written, else what failed
-    std::thread writer;
-  };
+  using pending = checkpoint::save_job;
 
-  // This rank's part of the replicated state and its own state, each to its file. Reports in
-  // `job.outcome`, never throws: it may run on the writer thread.
-  void write_files(pending& job) const noexcept {
-    const int n = job.ranks;
-    const int r = job.rank;
-    try {
-      const std::filesystem::path where = directory_ / step_name(job.step);
-      if (std::filesystem::create_directories(where)) {
-        checkpoint::sync_directory(directory_); // the step's directory is there after a crash
-      }
-      const checkpoint::byte_pieces& replicated = job.pieces[0];
-      const std::size_t total = job.replicated.size();
-      const std::size_t page = checkpoint::page_size();
-      const std::size_t begin = checkpoint::part_boundary(total, r, n, page);
-      const std::size_t end = checkpoint::part_boundary(total, r + 1, n, page);
-      const checkpoint::file_record part = write(where, checkpoint::part_name("replicated", r, n),
-                                                 checkpoint::slice(replicated, begin, end));
-      const checkpoint::file_record mine =
-          write(where, checkpoint::part_name("rank", r, n), job.pieces[2]);
-      checkpoint::file_record root;
-      if (r == 0) {
-        root = write(where, checkpoint::root_name(n), job.pieces[1]);
-      }
-      // The whole replicated state's checksum, which the ranks compare: a replica that differs
-      // is caught here, at every save.
-      // (On one rank its part is the whole: its checksum is not computed twice.)
-      const std::uint64_t whole = n == 1 ? part.checksum : checkpoint::checksum::of(replicated);
-      job.outcome = "ok " + std::to_string(part.size) + " " + std::to_string(part.checksum) + " " +
-                    std::to_string(mine.size) + " " + std::to_string(mine.checksum) + " " +
-                    std::to_string(total) + " " + std::to_string(whole) + " " +
-                    std::to_string(root.size) + " " + std::to_string(root.checksum);
-    } catch (const std::exception& e) {
-      job.outcome = "rank " + std::to_string(r) + ": " + reason(e);
-    }
-  }
+  void write_files(pending& job) const noexcept { job.write_files(directory_, options_.write); }
 
   // The collective end of a save: the ranks learn each other's outcome; if every rank wrote
   // its files and their replicated states are one, rank 0 writes the manifest, then prunes.
   void complete(pending& job) {
-    const int n = comm_.size();
     const int r = comm_.rank();
     const std::filesystem::path where = directory_ / step_name(job.step);
     const std::string doing = "saving step " + std::to_string(job.step);
     std::vector<std::string> outcomes = comm_.allgather_obj(job.outcome);
-    std::vector<std::array<std::uint64_t, 8>> numbers(outcomes.size());
-    for (std::size_t i = 0; i < outcomes.size(); ++i) {
-      auto& v = numbers[i];
-      if (outcomes[i].compare(0, 3, "ok ") == 0 &&
-          std::sscanf(outcomes[i].c_str(),
-                      "ok %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
-                      " %" SCNu64 " %" SCNu64,
-                      &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 8) {
-        outcomes[i] = "rank " + std::to_string(i) + ": an outcome that does not read";
-      }
-    }
-    for (std::size_t i = 1; i < outcomes.size(); ++i) {
-      if (outcomes[0].compare(0, 3, "ok ") == 0 && outcomes[i].compare(0, 3, "ok ") == 0 &&
-          (numbers[i][4] != numbers[0][4] || numbers[i][5] != numbers[0][5])) {
-        outcomes[i] = "rank " + std::to_string(i) + ": its replicated state (" +
-                      std::to_string(numbers[i][4]) + " bytes, XXH3 " +
-                      checkpoint::to_hex(numbers[i][5]) + ") differs from rank 0's (" +
-                      std::to_string(numbers[0][4]) + " bytes, XXH3 " +
-                      checkpoint::to_hex(numbers[0][5]) + "): the replicas are not identical";
-      }
-    }
+    const std::vector<checkpoint::saved_files> files = checkpoint::read_outcomes(outcomes);
     try {
       throw_failures(outcomes, doing);
     } catch (const checkpoint_error&) {
@@ -407,18 +339,7 @@ private:
     std::string written = "ok";
     if (r == 0) {
       try {
-        checkpoint::manifest m;
-        m.step = job.step;
-        m.ranks = n;
-        m.replicated_size = numbers[0][4];
-        m.replicated_checksum = numbers[0][5];
-        for (int i = 0; i < n; ++i) {
-          const auto& v = numbers[static_cast<std::size_t>(i)];
-          m.replicated.push_back({checkpoint::part_name("replicated", i, n), v[0], v[1]});
-          m.per_rank.push_back({checkpoint::part_name("rank", i, n), v[2], v[3]});
-        }
-        m.root.push_back({checkpoint::root_name(n), numbers[0][6], numbers[0][7]});
-        const std::string text = m.text();
+        const std::string text = checkpoint::manifest_of(job.step, files).text();
         write(where, std::string(checkpoint::manifest_name),
               {std::as_bytes(std::span(text.data(), text.size()))});
       } catch (const std::exception& e) {
@@ -452,21 +373,12 @@ private:
     skipped_ = comm_.bcast_obj(skipped_);
   }
 
-  static constexpr std::string_view prefix = "cohort checkpoint: ";
-
-  // What went wrong, without the prefix the whole message will carry once.
-  static std::string reason(const std::exception& e) {
-    std::string_view what = e.what();
-    if (what.starts_with(prefix)) {
-      what.remove_prefix(prefix.size());
-    }
-    return std::string(what);
-  }
+  static std::string reason(const std::exception& e) { return checkpoint::reason(e); }
 
   // Kept for skipped(), and printed once (by rank 0).
   void note_skipped(std::string message) {
     if (comm_.rank() == 0) {
-      std::fprintf(stderr, "%s%s\n", prefix.data(), message.c_str());
+      std::fprintf(stderr, "%s%s\n", checkpoint::error_prefix.data(), message.c_str());
     }
     skipped_.push_back(std::move(message));
   }

@@ -7,7 +7,7 @@
 // mismatch_error naming the first difference, the ranks and both sides, instead of hanging or
 // reducing misaligned buffers.
 
-#include <cohort/communicator/liveness.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/fingerprint.hpp>
 #include <cohort/detail/watchdog.hpp>
@@ -58,13 +58,13 @@ COHORT_DECL std::string describe_mismatch(std::string_view operation,
 //! they do, naming the first item that differs (in the first pair that differs), both values and
 //! both ranks. Several pairs cost one rendezvous, and keep each description's item numbers.
 template <class... Describe>
-bool require_agreement_carrying_of(liveness& live, waiter who, const char* operation,
-                                   std::uint64_t sequence, tensor_view data, reduce_op op,
-                                   std::pair<std::uint64_t, Describe>... checks);
+bool require_agreement_carrying_of(engine::liveness& live, engine::waiter who,
+                                   const char* operation, std::uint64_t sequence, tensor_view data,
+                                   reduce_op op, std::pair<std::uint64_t, Describe>... checks);
 
 template <class... Describe>
-void require_agreement_of(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
-                          std::pair<std::uint64_t, Describe>... checks) {
+void require_agreement_of(engine::liveness& live, engine::waiter who, const char* operation,
+                          std::uint64_t sequence, std::pair<std::uint64_t, Describe>... checks) {
   // The carrying rendezvous with nothing to carry (one mechanism, one mismatch path).
   (void)require_agreement_carrying_of(live, who, operation, sequence, tensor_view{}, reduce_op::sum,
                                       checks...);
@@ -72,8 +72,8 @@ void require_agreement_of(liveness& live, waiter who, const char* operation, std
 
 //! `require_agreement_of` with one fingerprint.
 template <class Describe>
-void require_agreement(liveness& live, waiter who, const char* operation, std::uint64_t sequence,
-                       std::uint64_t hash, Describe&& describe) {
+void require_agreement(engine::liveness& live, engine::waiter who, const char* operation,
+                       std::uint64_t sequence, std::uint64_t hash, Describe&& describe) {
   require_agreement_of(live, who, operation, sequence,
                        std::pair<std::uint64_t, Describe&>(hash, describe));
 }
@@ -85,9 +85,9 @@ void require_agreement(liveness& live, waiter who, const char* operation, std::u
 //! large), and `data` is untouched. A mismatch throws as `require_agreement_of` does, `data`
 //! untouched.
 template <class... Describe>
-bool require_agreement_carrying_of(liveness& live, waiter who, const char* operation,
-                                   std::uint64_t sequence, tensor_view data, reduce_op op,
-                                   std::pair<std::uint64_t, Describe>... checks) {
+bool require_agreement_carrying_of(engine::liveness& live, engine::waiter who,
+                                   const char* operation, std::uint64_t sequence, tensor_view data,
+                                   reduce_op op, std::pair<std::uint64_t, Describe>... checks) {
   if (live.size() == 1) {
     return data.count > 0; // its own data is the reduction (and nothing carried is none)
   }
@@ -123,7 +123,7 @@ bool require_agreement_carrying_of(liveness& live, waiter who, const char* opera
 
 //! `require_agreement_carrying_of` with one fingerprint.
 template <class Describe>
-bool require_agreement_carrying(liveness& live, waiter who, const char* operation,
+bool require_agreement_carrying(engine::liveness& live, engine::waiter who, const char* operation,
                                 std::uint64_t sequence, std::uint64_t hash, Describe&& describe,
                                 tensor_view data, reduce_op op) {
   return require_agreement_carrying_of(live, who, operation, sequence, data, op,

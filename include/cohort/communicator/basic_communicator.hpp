@@ -4,17 +4,17 @@
 // The front door every strategy shares: the topology, the tensor and object collectives, the
 // parameter broadcast and allreduce_grad, blocking or overlapped with backward. It checks the
 // arguments, reads the user's types into type-erased views, and forwards: to the checks
-// (detail/checks.hpp), to the gradient-sync engine (detail/grad_sync.hpp), to the transports.
+// (engine/checks.hpp), to the gradient-sync engine (engine/grad_sync.hpp), to the transports.
 // A strategy derives from basic_communicator<Strategy> (CRTP: no virtual call) and supplies only
 // how one bucket of host gradients is exchanged, `exchange(tensor_view, reduce_op)` over the
 // gradient channels (`grad_comm()`, ...), or, for device memory, how all of them are reduced,
 // `reduce_gradients(std::span<const grad_slot>, const reduction_table&)`.
 
-#include <cohort/communicator/bucket_plan.hpp>
 #include <cohort/communicator/communicator_base.hpp>
-#include <cohort/communicator/detail/checks.hpp>
-#include <cohort/communicator/detail/grad_sync.hpp>
-#include <cohort/communicator/detail/parameter_broadcast.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/engine/checks.hpp>
+#include <cohort/communicator/engine/grad_sync.hpp>
+#include <cohort/communicator/engine/parameter_broadcast.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
@@ -65,7 +65,7 @@ public:
   explicit basic_communicator(const boost::mpi::communicator& comm,
                               communicator_options options = {})
       : communicator_base(comm, options)
-      , sync_(std::make_unique<detail::grad_sync>(strategy_access::bucketing<Strategy>(options))) {
+      , sync_(std::make_unique<engine::grad_sync>(strategy_access::bucketing<Strategy>(options))) {
     std::string_view name = "a strategy without a name";
     if constexpr (requires { Strategy::name; }) {
       name = Strategy::name;
@@ -119,10 +119,10 @@ public:
   template <parameter_set Params>
   void broadcast_parameters(Params&& params, int root = 0) {
     detail::operation_scope scope("broadcast_parameters");
-    const detail::parameter_layout layout = detail::agreed_parameters(
+    const engine::parameter_layout layout = engine::agreed_parameters(
         checks(), params, root,
         [&](auto& value, const std::string& what) { return host_view(value, what); });
-    detail::broadcast_host_values(checks(), mpi_comm(), layout.values, root);
+    engine::broadcast_host_values(checks(), mpi_comm(), layout.values, root);
   }
 
   //! Reduces every parameter's gradient over all ranks as `reducer` says (for `mean`: the
@@ -330,13 +330,13 @@ protected:
   //! `move(values)` copies every value from `root`.
   template <parameter_set Params, class Check, class Move>
   void broadcast_device_parameters(Params& params, int root, Check&& check, Move&& move) {
-    if (!detail::any_parameter_on_device(params)) {
+    if (!engine::any_parameter_on_device(params)) {
       return basic_communicator::broadcast_parameters(params, root);
     }
     detail::operation_scope scope("broadcast_parameters");
-    const detail::parameter_layout layout = detail::agreed_parameters(
+    const engine::parameter_layout layout = engine::agreed_parameters(
         checks(), params, root, [&](auto& value, const std::string& what) {
-          const tensor_view v = detail::device_value_view(rank(), value, what);
+          const tensor_view v = engine::device_value_view(rank(), value, what);
           check(v, what);
           return v;
         });
@@ -358,12 +358,12 @@ protected:
 private:
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
 
-  detail::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
+  engine::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
 
   // What this rank's own checks find in the slots read: memory the strategy cannot reduce.
   // Agreed on with the layout, so that it is an error on every rank.
   std::string local_problem() {
-    return detail::local_checks([&] {
+    return engine::local_checks([&] {
       for (const grad_slot& slot : sync_->slots()) {
         if (slot.state != slot_state::ok || slot.grad.count == 0) {
           continue;
@@ -410,7 +410,7 @@ private:
         index, detail::reread_parameter(params, index, sync_->elements(), sync_->missing()));
   }
 
-  std::unique_ptr<detail::grad_sync> sync_;
+  std::unique_ptr<engine::grad_sync> sync_;
 };
 
 //! A communicator of strategy `Strategy` over all the processes (`MPI_COMM_WORLD`). Collective.

@@ -2,12 +2,12 @@
 #pragma once
 
 // What every communicator has whatever its strategy: the topology, and the collectives of host
-// tensors and of serializable objects, each behind the checks (detail/checks.hpp). Not a
+// tensors and of serializable objects, each behind the checks (engine/checks.hpp). Not a
 // template, so that it is compiled once; basic_communicator<Strategy> adds what depends on the
 // strategy (construction, parameters and gradients).
 
-#include <cohort/communicator/detail/checks.hpp>
-#include <cohort/communicator/detail/object_collectives.hpp>
+#include <cohort/communicator/engine/checks.hpp>
+#include <cohort/communicator/engine/object_collectives.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
@@ -106,7 +106,7 @@ public:
   void allreduce(T& t, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("allreduce");
     tensor_view v;
-    const std::string problem = detail::local_checks([&] { v = host_view(t, "allreduce"); });
+    const std::string problem = engine::local_checks([&] { v = host_view(t, "allreduce"); });
     // A small one is done in the agreement's own round trip.
     if (checks_.agree_reducing("allreduce", v, op, problem)) {
       return;
@@ -198,7 +198,7 @@ public:
     detail::operation_scope scope("alltoall");
     const_tensor_view i;
     tensor_view o;
-    const std::string problem = detail::local_checks([&] {
+    const std::string problem = engine::local_checks([&] {
       i = host_const_view(in, "alltoall");
       o = host_view(out, "alltoall");
       checks_.check_exchange(i, o, "alltoall");
@@ -247,35 +247,35 @@ public:
     return mpi::irecv(comm_, host_view(t, "irecv"), source, tag);
   }
 
-  // ---- object collectives (Boost.Serialization; see detail/object_collectives.hpp) -----------
+  // ---- object collectives (Boost.Serialization; see engine/object_collectives.hpp) -----------
 
   //! Returns `root`'s `obj` on every rank.
   template <class T>
   T bcast_obj(const T& obj, int root = 0) {
-    return detail::bcast_obj(checks_, comm_, obj, root);
+    return engine::bcast_obj(checks_, comm_, obj, root);
   }
   //! Every rank's `obj` at `root`, in rank order; an empty vector elsewhere.
   template <class T>
   std::vector<T> gather_obj(const T& obj, int root = 0) {
-    return detail::gather_obj(checks_, comm_, obj, root);
+    return engine::gather_obj(checks_, comm_, obj, root);
   }
   //! Every rank's `obj` on every rank, in rank order.
   template <class T>
   std::vector<T> allgather_obj(const T& obj) {
-    return detail::allgather_obj(checks_, comm_, obj);
+    return engine::allgather_obj(checks_, comm_, obj);
   }
   //! Combines every rank's `obj` with `op` (by default `+`), on every rank.
   template <class T, class Op = std::plus<T>>
   T allreduce_obj(const T& obj, Op op = {}) {
-    return detail::allreduce_obj(checks_, comm_, obj, op);
+    return engine::allreduce_obj(checks_, comm_, obj, op);
   }
   template <class T>
   void send_obj(const T& obj, int dest, int tag = 0) {
-    detail::send_obj(checks_, comm_, obj, dest, tag);
+    engine::send_obj(checks_, comm_, obj, dest, tag);
   }
   template <class T>
   T recv_obj(int source, int tag = 0) {
-    return detail::recv_obj<T>(checks_, comm_, source, tag);
+    return engine::recv_obj<T>(checks_, comm_, source, tag);
   }
 
 protected:
@@ -286,7 +286,7 @@ protected:
 
   communicator_base(communicator_base&&) noexcept = default;
   communicator_base& operator=(communicator_base&&) noexcept = default;
-  ~communicator_base() = default;
+  ~communicator_base();
 
   //! Duplicates `comm` (so that cohort's messages never match the user's) and works out the
   //! topology. Collective over `comm`.
@@ -299,12 +299,12 @@ protected:
   const boost::mpi::communicator& grad_inter_comm() const noexcept { return grad_inter_; }
 
   //! The checks, for a strategy's own front doors (the device strategies' collectives).
-  const detail::checks& checks() const noexcept { return checks_; }
-  detail::checks& checks() noexcept { return checks_; }
+  const engine::checks& checks() const noexcept { return checks_; }
+  engine::checks& checks() noexcept { return checks_; }
 
   template <class Checks>
   static std::string local_checks(Checks&& checks) {
-    return detail::local_checks(std::forward<Checks>(checks));
+    return engine::local_checks(std::forward<Checks>(checks));
   }
   template <class Describe>
   void settle(const char* operation, std::uint64_t hash, Describe&& describe,
@@ -349,7 +349,7 @@ protected:
   }
 
   static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
-    detail::require_mpi();
+    engine::require_mpi();
     MPI_Comm duplicate = MPI_COMM_NULL;
     mpi::check(MPI_Comm_dup(comm, &duplicate), "MPI_Comm_dup", comm);
     return detail::adopt(duplicate);
@@ -362,7 +362,7 @@ private:
   tensor_view agreed_view(T& t, const char* operation, int value, std::string_view name,
                           bool rooted = false) {
     tensor_view v;
-    const std::string problem = detail::local_checks([&] {
+    const std::string problem = engine::local_checks([&] {
       v = host_view(t, operation);
       if (rooted) {
         checks_.check_root(value, operation);
@@ -379,7 +379,7 @@ private:
   rooted_blocks(const In& in, Out& out, const char* operation, bool out_is_block, int root) {
     const_tensor_view i;
     tensor_view o;
-    const std::string problem = detail::local_checks([&] {
+    const std::string problem = engine::local_checks([&] {
       checks_.check_root(root, operation);
       const bool whole_here = rank() == root;
       if (out_is_block || whole_here) {
@@ -406,7 +406,7 @@ private:
                                                           int value, std::string_view name) {
     const_tensor_view i;
     tensor_view o;
-    const std::string problem = detail::local_checks([&] {
+    const std::string problem = engine::local_checks([&] {
       i = host_const_view(in, operation);
       o = host_view(out, operation);
       out_is_block ? checks_.check_blocks(o, i, operation) : checks_.check_blocks(i, o, operation);
@@ -416,7 +416,7 @@ private:
     return {i, o};
   }
 
-  detail::checks checks_; // first: made first (the rest is made under its rendezvous), gone last
+  engine::checks checks_; // first: made first (the rest is made under its rendezvous), gone last
   boost::mpi::communicator comm_;
   node_layout layout_;
   boost::mpi::communicator grad_world_;

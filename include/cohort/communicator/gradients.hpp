@@ -6,7 +6,6 @@
 // any buffer is reduced.
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/liveness.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reducer/concepts.hpp>
@@ -102,31 +101,6 @@ inline unsigned present_dtypes(std::span<const grad_slot> slots) noexcept {
 
 //! "summed as float16 on the wire, scaled by 0.5 before and 1 after", for messages.
 COHORT_DECL std::string describe_reduction(const grad_reduction& plan);
-
-//! What every rank must agree on before gradients move, beside their layout: how each dtype
-//! present is reduced (the reducer's plan), and in which mode (blocking, overlapped).
-COHORT_DECL std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots,
-                                                std::string_view mode,
-                                                const reduction_table& plan_of);
-
-COHORT_DECL std::vector<signature_entry> describe_reduction_plan(std::span<const grad_slot> slots,
-                                                                 const reduction_table& plan_of);
-
-//! Checks that every rank has the same gradient layout and reduction plan (if `check`), then that
-//! the gradients are usable. With the check on, a local problem is found on every rank at once,
-//! so every rank throws: a bad slot, or `problem`, what this rank's own checks found (memory of
-//! another device, a buffer that could not be allocated...). `mode` names how the gradients are
-//! about to be reduced ("blocking", "overlapped"): ranks that would reduce them in different ways
-//! would issue different collectives, so they agree on it too, as on the reducer's plan for each
-//! dtype (`plan_of`), since ranks that scale or cast differently would silently diverge.
-//! With the check on and `carried` not empty (a small step's one packed bucket, of at most
-//! liveness::max_carried_bytes), the agreement carries it and reduces it with `op`: returns
-//! whether `carried` now holds the reduction over every rank (see require_agreement_carrying_of).
-COHORT_DECL bool validate_gradients(liveness& live, waiter who, const char* operation,
-                                    std::uint64_t sequence, std::span<const grad_slot> slots,
-                                    bool check, missing_grad missing, const std::string& problem,
-                                    std::string_view mode, const reduction_table& plan_of,
-                                    tensor_view carried = {}, reduce_op op = reduce_op::sum);
 
 } // namespace detail
 

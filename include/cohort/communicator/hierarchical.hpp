@@ -2,9 +2,9 @@
 #pragma once
 
 #include <cohort/communicator/basic_communicator.hpp>
+#include <cohort/communicator/engine/two_level.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/options.hpp>
-#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 
 #include <string_view>
@@ -44,12 +44,12 @@ private:
     if (this->inter_size() == 1) {
       // One node: the whole exchange is one all-reduce over it, which MPI does in one pass where
       // a reduce and then a broadcast take two (ChainerMN's hierarchical took them).
-      detail::mpi_link<Intra>{this->grad_intra_comm(), segment}.allreduce(bucket, op);
+      engine::mpi_link<Intra>{this->grad_intra_comm(), segment}.allreduce(bucket, op);
       return;
     }
     // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
-    detail::hierarchical_exchange(detail::mpi_link<Intra>{this->grad_intra_comm(), segment},
-                                  detail::mpi_link<Inter>{this->grad_inter_comm(), segment},
+    engine::hierarchical_exchange(engine::mpi_link<Intra>{this->grad_intra_comm(), segment},
+                                  engine::mpi_link<Inter>{this->grad_inter_comm(), segment},
                                   this->intra_rank() == 0, bucket, op);
   }
 };

@@ -2,7 +2,7 @@
 #pragma once
 
 #include <cohort/communicator/basic_communicator.hpp>
-#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
@@ -31,7 +31,7 @@ private:
   static constexpr bool exchange_is_allreduce = true;
 
   // Every gradient alone in its bucket, and in place where its dtype allows.
-  static detail::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }
+  static engine::bucket_limits bucket_limits_for(const communicator_options&) { return {0, 0, 0}; }
 
   void exchange(tensor_view bucket, reduce_op op) {
     mpi::allreduce(grad_comm(), bucket, op, options().segment_bytes);

@@ -41,9 +41,10 @@ struct communicator_options {
   //! A gradient of at least this many bytes, already of the wire dtype, is reduced in place in a
   //! bucket of its own, not copied: fusing saves one all-reduce latency per tensor but costs two
   //! passes over the tensor's memory, and past this size the copies cost more than the latency
-  //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce, README); on
-  //! a network with a higher latency, a larger value fuses more. The GPU strategies pack every
-  //! gradient that fits a bucket: a device copy costs less than a collective's latency.
+  //! saved. 64 KiB is the break-even measured on shared memory here (bench/allreduce,
+  //! docs/performance.md); on a network with a higher latency, a larger value fuses more. The GPU
+  //! strategies pack every gradient that fits a bucket: a device copy costs less than a
+  //! collective's latency.
   std::size_t fusion_threshold_bytes = std::size_t{64} << 10;
 
   //! The largest piece one MPI all-reduce is given: a larger bucket or tensor is reduced in

@@ -3,10 +3,10 @@
 
 #include <cohort/algorithm/window_allreduce.hpp>
 #include <cohort/communicator/basic_communicator.hpp>
+#include <cohort/communicator/engine/two_level.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
-#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/memory/shared_arena.hpp>
@@ -122,7 +122,7 @@ private:
       }
     }
     void allreduce(tensor_view block, reduce_op op) const {
-      detail::mpi_link<Inter>{self->grad_inter_comm(), self->options().segment_bytes}.allreduce(
+      engine::mpi_link<Inter>{self->grad_inter_comm(), self->options().segment_bytes}.allreduce(
           block, op);
     }
   };

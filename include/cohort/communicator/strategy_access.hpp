@@ -6,8 +6,8 @@
 // engine is compiled once whatever the strategy) and how it groups gradients into buckets. A
 // strategy keeps its hooks private, open to `strategy_access` alone.
 
-#include <cohort/communicator/bucket_plan.hpp>
-#include <cohort/communicator/detail/grad_sync.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/engine/grad_sync.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
@@ -45,8 +45,8 @@ public:
   //! `strategy` as the engine sees it: its `reduce_gradients` (and `prepare_gradients`, if
   //! any) for a device strategy, its `exchange` (and `prepare_exchange`, if any) for a host one.
   template <class Strategy>
-  static detail::strategy_ref ref(Strategy& strategy) noexcept {
-    detail::strategy_ref s;
+  static engine::strategy_ref ref(Strategy& strategy) noexcept {
+    engine::strategy_ref s;
     s.self = &strategy;
     if constexpr (detail::is_device_strategy<Strategy>()) {
       s.reduce_all = [](void* p, std::span<const grad_slot> slots, const reduction_table& t) {
@@ -70,8 +70,8 @@ public:
       if constexpr (requires { requires Strategy::exchange_is_allreduce; }) {
         s.exchange_is_allreduce = true;
       }
-      if constexpr (requires(Strategy & st, const detail::bucket& b) { st.prepare_exchange(b); }) {
-        s.prepare = [](void* p, const detail::bucket& b) {
+      if constexpr (requires(Strategy & st, const engine::bucket& b) { st.prepare_exchange(b); }) {
+        s.prepare = [](void* p, const engine::bucket& b) {
           static_cast<Strategy*>(p)->prepare_exchange(b);
         };
       }
@@ -103,7 +103,7 @@ public:
   //! How gradients are grouped into buckets under `options` for `Strategy`, which may say
   //! otherwise with a static `bucket_limits_for(options)` (naive does: no buckets).
   template <class Strategy>
-  static detail::bucket_limits bucketing(const communicator_options& options) {
+  static engine::bucket_limits bucketing(const communicator_options& options) {
     if constexpr (requires { Strategy::bucket_limits_for(options); }) {
       return Strategy::bucket_limits_for(options);
     } else {

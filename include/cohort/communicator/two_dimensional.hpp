@@ -3,10 +3,10 @@
 
 #include <cohort/algorithm/ring.hpp>
 #include <cohort/communicator/basic_communicator.hpp>
-#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/engine/two_level.hpp>
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/options.hpp>
-#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 
@@ -79,7 +79,7 @@ private:
 
   // The ring's buffers, grown before the ranks agree to reduce (an allocation that fails here is
   // an error on every rank; inside the ring it would leave the others waiting).
-  void prepare_exchange(const detail::bucket& bucket) {
+  void prepare_exchange(const engine::bucket& bucket) {
     if (this->inter_size() > 1) {
       ring_.prepare(bucket.count, bucket.plan.wire, this->intra_size(), {});
     }
@@ -90,14 +90,14 @@ private:
       // One node: nothing to split across nodes, and MPI's all-reduce over the node beats the
       // ring's reduce-scatter and all-gather there (32 KiB-16 MiB: the ring 1.07-1.68x raw MPI,
       // bench/results/plot-allreduce-np2.txt), so the ring is not chosen where it loses.
-      detail::mpi_link<Intra>{this->grad_intra_comm(), this->options().segment_bytes}.allreduce(
+      engine::mpi_link<Intra>{this->grad_intra_comm(), this->options().segment_bytes}.allreduce(
           bucket, op);
       return;
     }
-    detail::two_dimensional_exchange(
-        detail::mpi_ring_link{this->grad_intra_comm(), this->intra_rank(), this->intra_size(),
+    engine::two_dimensional_exchange(
+        engine::mpi_ring_link{this->grad_intra_comm(), this->intra_rank(), this->intra_size(),
                               ring_},
-        detail::mpi_link<Inter>{this->grad_inter_comm(), this->options().segment_bytes}, bucket,
+        engine::mpi_link<Inter>{this->grad_inter_comm(), this->options().segment_bytes}, bucket,
         op);
   }
 

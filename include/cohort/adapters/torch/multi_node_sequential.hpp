@@ -21,7 +21,8 @@
 // rank's part of the graph (ChainerMN's pseudo_connect, done for the user).
 //
 // The communicator may be a sub-communicator (`comm.split`): a 2-D grid runs the model's stages
-// over the ranks of one split and averages their gradients over another (see the README).
+// over the ranks of one split and averages their gradients over another (see
+// docs/model-parallelism.md).
 
 #include <cohort/adapters/torch/functions.hpp>
 #include <cohort/config.hpp>

@@ -17,7 +17,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! How gradients are grouped into buckets (see `communicator_options` for what each means).
 struct bucket_limits {
@@ -73,10 +73,10 @@ private:
   std::vector<std::size_t> order_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/impl/bucket_plan.ipp>
+#include <cohort/communicator/engine/impl/bucket_plan.ipp>
 #endif

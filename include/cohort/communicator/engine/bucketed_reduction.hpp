@@ -3,7 +3,7 @@
 
 #include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/bucket_order.hpp>
-#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -22,7 +22,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! Reduces host gradients bucket by bucket (see bucket_plan): packs a bucket into a buffer of the
 //! reducer's wire dtype (casting and pre-scaling on the way), hands the buffer to `exchange`, and
@@ -159,8 +159,8 @@ public:
 
   //! Bucket `b` of the current plan, for a mismatch message: its size, its wire dtype and its
   //! members.
-  std::vector<signature_entry> describe_bucket(std::size_t b,
-                                               std::span<const grad_slot> slots) const;
+  std::vector<detail::signature_entry> describe_bucket(std::size_t b,
+                                                       std::span<const grad_slot> slots) const;
 
   //! Bytes held by the current layout's bucket buffers (for tests and memory accounting).
   std::size_t buffer_bytes() const noexcept;
@@ -215,10 +215,10 @@ private:
   std::vector<tensor_view> targets_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/impl/bucketed_reduction.ipp>
+#include <cohort/communicator/engine/impl/bucketed_reduction.ipp>
 #endif

@@ -9,7 +9,7 @@
 // once whatever the strategy.
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/liveness.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
@@ -38,7 +38,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! Throws `error` unless MPI is running.
 COHORT_DECL void require_mpi();
@@ -62,9 +62,10 @@ std::string local_checks(Checks&& checks) {
 //! abandons a pending reduction before it moves.)
 class checks {
 public:
-  checks(const boost::mpi::communicator& comm, const communicator_options& options)
-      : live_((require_mpi(), std::make_unique<liveness>(comm, options.timeout)))
-      , options_(options) {}
+  checks(const boost::mpi::communicator& comm, const communicator_options& options);
+  ~checks();
+  checks(checks&&) noexcept = default;
+  checks& operator=(checks&&) noexcept = default;
 
   liveness& live() const noexcept { return *live_; }
   const communicator_options& options() const noexcept { return options_; }
@@ -132,15 +133,16 @@ public:
   void require_thread_multiple() const;
 
   //! A blocking call after the rendezvous, watched by the watchdog.
-  watch_scope watch_transfer(const char* operation, std::size_t bytes,
-                             waiter who = waiter::caller) const noexcept {
-    return watch_scope(live_->slot(who), operation, live_->sequence(who), bytes,
-                       options_.check_agreement);
+  detail::watch_scope watch_transfer(const char* operation, std::size_t bytes,
+                                     waiter who = waiter::caller) const noexcept {
+    return detail::watch_scope(live_->slot(who), operation, live_->sequence(who), bytes,
+                               options_.check_agreement);
   }
   //! A blocking point-to-point call: no rendezvous precedes it.
-  watch_scope watch_point_to_point(const char* operation, std::size_t bytes) const noexcept {
-    return watch_scope(live_->slot(waiter::caller), operation, live_->sequence(waiter::caller),
-                       bytes, false);
+  detail::watch_scope watch_point_to_point(const char* operation,
+                                           std::size_t bytes) const noexcept {
+    return detail::watch_scope(live_->slot(waiter::caller), operation,
+                               live_->sequence(waiter::caller), bytes, false);
   }
 
   //! Runs a transfer every rank agreed to run. If it throws on this rank, the others are inside
@@ -154,9 +156,9 @@ public:
       if (size() == 1) {
         throw;
       }
-      end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
-              " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
-              "); the other ranks cannot finish its collectives; ending the job");
+      detail::end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
+                      " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
+                      "); the other ranks cannot finish its collectives; ending the job");
     }
   }
 
@@ -185,7 +187,7 @@ private:
   void agree_on_problems(waiter who, const char* operation, std::uint64_t sequence,
                          std::uint64_t hash, Describe&& describe,
                          const std::string& problem) const {
-    fingerprint f;
+    detail::fingerprint f;
     f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
     // (`who` names the rendezvous, not the thread: the end of an overlapped step settles at
     // the reducer's on the trainer's thread)
@@ -193,14 +195,14 @@ private:
     const trace_span span(trace, "agreement",
                           trace != nullptr ? this_trace_thread() : trace_thread::trainer, 0, -1,
                           operation);
-    require_agreement(*live_, who, operation, sequence, f.value(), [&] {
+    detail::require_agreement(*live_, who, operation, sequence, f.value(), [&] {
       if (!problem.empty()) {
-        return std::vector<signature_entry>{{"the call", "failed (" + problem + ")"}};
+        return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
       }
       if constexpr (std::is_invocable_v<Describe>) {
         return describe();
       } else {
-        return std::vector<signature_entry>{{"the call", "good arguments"}};
+        return std::vector<detail::signature_entry>{{"the call", "good arguments"}};
       }
     });
   }
@@ -210,10 +212,10 @@ private:
   std::unique_ptr<trace_recorder> trace_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/detail/impl/checks.ipp>
+#include <cohort/communicator/engine/impl/checks.ipp>
 #endif

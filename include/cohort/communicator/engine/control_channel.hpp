@@ -28,7 +28,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! A duplicate of `comm` whose errors come back as codes (cohort turns them into exceptions).
 COHORT_DECL boost::mpi::communicator
@@ -45,35 +45,7 @@ public:
 
   //! Tells every peer that this rank leaves, and why (read by a peer only if it is still waiting
   //! for this rank at a rendezvous).
-  ~control_channel() {
-    if (!open_ || !mpi_running() || size_ == 1) {
-      return;
-    }
-    try {
-      std::string reason = "its communicator was destroyed";
-      if (std::uncaught_exceptions() > 0) {
-        reason += " during the unwinding of an exception";
-      } else if (const std::exception_ptr current = std::current_exception()) {
-        try {
-          std::rethrow_exception(current);
-        } catch (const std::exception& e) {
-          reason += " while handling an exception: " + std::string(e.what());
-        } catch (...) {
-          reason += " while handling an exception";
-        }
-      }
-      const std::string notice = encode(reason);
-      for (int peer = 0; peer < size_; ++peer) {
-        if (peer != rank_) {
-          // Small enough to go eagerly: this never waits for the peer.
-          MPI_Send(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, leave_tag,
-                   comm_);
-        }
-      }
-    } catch (...) {
-      // Out of memory while saying goodbye: the peers will find out through the timeout.
-    }
-  }
+  ~control_channel();
 
   //! Receives whatever notices have arrived: leaves are recorded, questions answered (this rank
   //! waits in `operation`, its rendezvous number `sequence`), answers kept. One thread at a time
@@ -83,7 +55,7 @@ public:
   //! If a peer left at least `grace` ago (time for the messages of a collective it did finish,
   //! overtaken by its notice), what to say of it: who left, why, and how many after it.
   //! Empty otherwise.
-  std::string departure(watch_clock::time_point now, watch_clock::duration grace);
+  std::string departure(detail::watch_clock::time_point now, detail::watch_clock::duration grace);
 
   //! Asks every peer where it waits; the answers arrive through `read`. The requests may stay
   //! pending (a peer that never reads): the question is a member, so its buffer outlives them.
@@ -121,16 +93,16 @@ private:
   int departures_ = 0;
   int first_leaver_ = -1;
   std::array<char, max_notice> departure_{}; // why the first one left
-  watch_clock::time_point first_departure_{};
+  detail::watch_clock::time_point first_departure_{};
   std::vector<std::string> answers_;
   std::array<char, max_notice> inbox_{};
   std::string question_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/detail/impl/control_channel.ipp>
+#include <cohort/communicator/engine/impl/control_channel.ipp>
 #endif

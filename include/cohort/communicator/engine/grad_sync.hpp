@@ -7,14 +7,15 @@
 // reach it as a `strategy_ref` (two function pointers), slots and a `reduction_table`. The
 // templated front door (basic_communicator.hpp) only reads the user's types into slots.
 
-#include <cohort/communicator/bucket_plan.hpp>
-#include <cohort/communicator/bucketed_reduction.hpp>
-#include <cohort/communicator/detail/checks.hpp>
-#include <cohort/communicator/detail/readiness.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/checks.hpp>
+#include <cohort/communicator/engine/gradient_agreement.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
+#include <cohort/communicator/engine/overlap_worker.hpp>
+#include <cohort/communicator/engine/readiness.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
-#include <cohort/communicator/liveness.hpp>
-#include <cohort/communicator/overlap_worker.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
@@ -43,7 +44,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! What the engine needs of a strategy, type-erased: for a host strategy, how one packed bucket
 //! is exchanged (and, optionally, what its exchange allocates before the ranks agree); for a
@@ -181,7 +182,16 @@ private:
   // of one small packed bucket travels in that agreement and is reduced there: returns whether
   // it was (its bucket is then packed and reduced in the shared buffer, still to be unpacked).
   bool validate(const checks& c, const strategy_ref& s, const reduction_table& table,
-                missing_grad missing, std::string_view mode, std::string problem);
+                missing_grad missing, reduction_mode mode, std::string problem);
+
+  // The step's size, then, if its gradients are usable, its buckets and buffers (or the device
+  // strategy's): returns `problem`, or what failed on the way.
+  std::string prepare(const checks& c, const strategy_ref& s, const reduction_table& table,
+                      reduction_mode mode, std::string problem);
+
+  // A blocking step's one small bucket, packed to travel in the agreement; empty where the step
+  // is not one (several buckets, too large, in place, an exchange that is not an all-reduce).
+  carried_bucket pack_carried(const checks& c, const strategy_ref& s);
 
   // The plan of the current layout (rebuilt in the order learned at an earlier step, if any),
   // its buffers, and whatever the strategy's exchange will need.
@@ -240,10 +250,10 @@ private:
   std::unique_ptr<overlap_worker<grad_sync>> worker_; // last: its thread stops first
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/detail/impl/grad_sync.ipp>
+#include <cohort/communicator/engine/impl/grad_sync_step.ipp>
 #endif

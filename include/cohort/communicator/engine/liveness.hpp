@@ -11,11 +11,11 @@
 //   messages of a collective the leaver did finish), naming the rank and why it left;
 // - past the timeout, the waiting rank asks every peer where it is; the ranks that answer are
 //   waiting too, the others had not arrived; it prints one line naming them and ends the job.
-// The control channel itself (notices, questions, answers) is detail/control_channel.hpp.
+// The control channel itself (notices, questions, answers) is engine/control_channel.hpp.
 // Blocking calls after the rendezvous (the data transfer itself) are watched by the process's
 // watchdog thread (watchdog.hpp).
 
-#include <cohort/communicator/detail/control_channel.hpp>
+#include <cohort/communicator/engine/control_channel.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/terminate_handler.hpp>
 #include <cohort/detail/watchdog.hpp>
@@ -46,7 +46,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! The two threads that may wait on one communicator at once: the caller's, and cohort's own
 //! reduction thread (overlap). Each has a rendezvous channel and a watch slot of its own.
@@ -57,24 +57,7 @@ public:
   //! Collective over `comm`: duplicates it for the control channel and the two rendezvous
   //! channels, and agrees on a random incarnation number, so that a notice sent to an earlier
   //! communicator that MPI happens to give the same context id is never taken for this one's.
-  liveness(const boost::mpi::communicator& comm, std::chrono::milliseconds timeout)
-      : rank_(comm.rank())
-      , size_(comm.size())
-      , timeout_(std::chrono::duration_cast<watch_clock::duration>(timeout))
-      , caller_slot_(timeout, rank_)
-      , reducer_slot_(timeout, rank_) {
-    if (timeout.count() < 0) {
-      throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank_) +
-                             ": communicator_options::timeout must be >= 0 (0 disables it), not " +
-                             std::to_string(timeout.count()) + " ms");
-    }
-    install_terminate_handler();
-    // Until the channels exist, the creation's own blocking calls are watched.
-    const watch_scope watch(caller_slot_.get(), "communicator creation", 0, 0, false);
-    control_.open(comm);
-    caller_ = duplicate_returning_errors(comm);
-    reducer_ = duplicate_returning_errors(comm);
-  }
+  liveness(const boost::mpi::communicator& comm, std::chrono::milliseconds timeout);
 
   liveness(const liveness&) = delete;
   liveness& operator=(const liveness&) = delete;
@@ -82,7 +65,7 @@ public:
   //! The communicator of one thread's rendezvous messages.
   MPI_Comm channel(waiter who) const noexcept { return who == waiter::caller ? caller_ : reducer_; }
   //! The slot that thread's blocking calls publish themselves in, for the watchdog.
-  watch_slot& slot(waiter who) noexcept {
+  detail::watch_slot& slot(waiter who) noexcept {
     return who == waiter::caller ? caller_slot_.get() : reducer_slot_.get();
   }
   //! Numbers the rendezvous of one thread (its n-th one), and notes the bytes of the operation
@@ -160,7 +143,7 @@ public:
   void wait(waiter who, MPI_Request (&requests)[N], const char* operation, std::uint64_t sequence,
             MPI_Status* statuses = MPI_STATUSES_IGNORE) {
     const MPI_Comm comm = channel(who);
-    const auto start = watch_clock::now();
+    const auto start = detail::watch_clock::now();
     for (unsigned spins = 0;; ++spins) {
       int done = 0;
       mpi::check(MPI_Testall(static_cast<int>(N), requests, &done, statuses),
@@ -172,7 +155,7 @@ public:
         continue;
       }
       if (spins % 16 == 0) {
-        const auto now = watch_clock::now();
+        const auto now = detail::watch_clock::now();
         control_.read(operation, sequence);
         check_departures(now, operation, sequence);
         if (timeout_.count() > 0 && now - start > timeout_) {
@@ -181,7 +164,7 @@ public:
       }
       // Gentle on a machine with fewer cores than ranks; sleeping only once the wait is long
       // (a rank still computing), so that a short wait costs no sleep's latency.
-      if (spins < 4096 || watch_clock::now() - start < std::chrono::milliseconds(5)) {
+      if (spins < 4096 || detail::watch_clock::now() - start < std::chrono::milliseconds(5)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -211,10 +194,11 @@ private:
 
   // A peer that has left can no longer join this rendezvous: the job ends once the grace period
   // (for messages of a collective it did finish, overtaken by its notice) has passed.
-  void check_departures(watch_clock::time_point now, const char* operation, std::uint64_t sequence);
+  void check_departures(detail::watch_clock::time_point now, const char* operation,
+                        std::uint64_t sequence);
 
-  watch_clock::duration leave_grace() const noexcept {
-    const watch_clock::duration grace = std::chrono::seconds(2);
+  detail::watch_clock::duration leave_grace() const noexcept {
+    const detail::watch_clock::duration grace = std::chrono::seconds(2);
     return timeout_.count() > 0 ? std::min(grace, timeout_) : grace;
   }
 
@@ -222,12 +206,12 @@ private:
   // and answers at once), then names the ranks that had not arrived and ends the job. Should the
   // rendezvous complete meanwhile, it returns normally.
   template <std::size_t N>
-  void time_out(waiter who, MPI_Request (&requests)[N], watch_clock::duration waited,
+  void time_out(waiter who, MPI_Request (&requests)[N], detail::watch_clock::duration waited,
                 const char* operation, std::uint64_t sequence, MPI_Status* statuses) {
     std::vector<MPI_Request> asked = control_.ask_everyone();
-    const auto listen_until =
-        watch_clock::now() + std::min<watch_clock::duration>(std::chrono::seconds(1), timeout_);
-    while (watch_clock::now() < listen_until) {
+    const auto listen_until = detail::watch_clock::now() + std::min<detail::watch_clock::duration>(
+                                                               std::chrono::seconds(1), timeout_);
+    while (detail::watch_clock::now() < listen_until) {
       int done = 0;
       MPI_Testall(static_cast<int>(N), requests, &done, statuses);
       if (done != 0) {
@@ -240,23 +224,23 @@ private:
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     const auto [missing, elsewhere] = control_.whereabouts(operation, sequence);
-    end_job("cohort: timeout on rank " + std::to_string(rank_) + ": " + operation + " (#" +
-            std::to_string(sequence) + ", " +
-            std::to_string(bytes_[who == waiter::caller ? 0 : 1]) +
-            " bytes; waiting at the agreement check of the " +
-            (who == waiter::caller ? "caller's" : "reduction thread's") + " call) has waited " +
-            describe_seconds(waited) + " (timeout " + describe_seconds(timeout_) +
-            ") for the other ranks; " +
-            (missing.empty() ? std::string("every rank answered")
-                             : "ranks that had not arrived (no answer): " + missing) +
-            elsewhere + "; ending the job");
+    detail::end_job("cohort: timeout on rank " + std::to_string(rank_) + ": " + operation + " (#" +
+                    std::to_string(sequence) + ", " +
+                    std::to_string(bytes_[who == waiter::caller ? 0 : 1]) +
+                    " bytes; waiting at the agreement check of the " +
+                    (who == waiter::caller ? "caller's" : "reduction thread's") +
+                    " call) has waited " + detail::describe_seconds(waited) + " (timeout " +
+                    detail::describe_seconds(timeout_) + ") for the other ranks; " +
+                    (missing.empty() ? std::string("every rank answered")
+                                     : "ranks that had not arrived (no answer): " + missing) +
+                    elsewhere + "; ending the job");
   }
 
   int rank_;
   int size_;
-  watch_clock::duration timeout_;
-  registered_slot caller_slot_;
-  registered_slot reducer_slot_;
+  detail::watch_clock::duration timeout_;
+  detail::registered_slot caller_slot_;
+  detail::registered_slot reducer_slot_;
   boost::mpi::communicator caller_;
   boost::mpi::communicator reducer_;
   control_channel control_; // last: the leave notices go before the channels are freed
@@ -265,10 +249,10 @@ private:
   std::array<rendezvous_buffers, 2> buffers_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/impl/liveness.ipp>
+#include <cohort/communicator/engine/impl/liveness.ipp>
 #endif

@@ -6,7 +6,7 @@
 // the ranks agreed, a failure ends the job.
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/detail/checks.hpp>
+#include <cohort/communicator/engine/checks.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/transport/mpi.hpp>
@@ -18,11 +18,11 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 template <class T>
 T bcast_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, int root) {
-  operation_scope scope("bcast_obj");
+  detail::operation_scope scope("bcast_obj");
   c.agree_root("bcast_obj", root);
   T value = c.rank() == root ? obj : T{};
   const auto watch = c.watch_transfer("bcast_obj", 0);
@@ -35,7 +35,7 @@ T bcast_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj,
 template <class T>
 std::vector<T> gather_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj,
                           int root) {
-  operation_scope scope("gather_obj");
+  detail::operation_scope scope("gather_obj");
   c.agree_root("gather_obj", root);
   std::vector<T> all;
   const auto watch = c.watch_transfer("gather_obj", 0);
@@ -47,8 +47,8 @@ std::vector<T> gather_obj(const checks& c, const boost::mpi::communicator& comm,
 
 template <class T>
 std::vector<T> allgather_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj) {
-  operation_scope scope("allgather_obj");
-  c.settle("allgather_obj", fingerprint{}.add("allgather_obj").value(), nullptr, {});
+  detail::operation_scope scope("allgather_obj");
+  c.settle("allgather_obj", detail::fingerprint{}.add("allgather_obj").value(), nullptr, {});
   const auto watch = c.watch_transfer("allgather_obj", 0);
   std::vector<T> all;
   c.fatal_on_failure("allgather_obj", [&] {
@@ -59,8 +59,8 @@ std::vector<T> allgather_obj(const checks& c, const boost::mpi::communicator& co
 
 template <class T, class Op>
 T allreduce_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, Op op) {
-  operation_scope scope("allreduce_obj");
-  c.settle("allreduce_obj", fingerprint{}.add("allreduce_obj").value(), nullptr, {});
+  detail::operation_scope scope("allreduce_obj");
+  c.settle("allreduce_obj", detail::fingerprint{}.add("allreduce_obj").value(), nullptr, {});
   const auto watch = c.watch_transfer("allreduce_obj", 0);
   T result{};
   c.fatal_on_failure("allreduce_obj", [&] {
@@ -72,7 +72,7 @@ T allreduce_obj(const checks& c, const boost::mpi::communicator& comm, const T& 
 template <class T>
 void send_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, int dest,
               int tag) {
-  operation_scope scope("send_obj");
+  detail::operation_scope scope("send_obj");
   c.check_peer(dest, "send_obj");
   const auto watch = c.watch_point_to_point("send_obj", 0);
   mpi::translate("send_obj", comm, [&] { comm.send(dest, tag, obj); });
@@ -80,7 +80,7 @@ void send_obj(const checks& c, const boost::mpi::communicator& comm, const T& ob
 
 template <class T>
 T recv_obj(const checks& c, const boost::mpi::communicator& comm, int source, int tag) {
-  operation_scope scope("recv_obj");
+  detail::operation_scope scope("recv_obj");
   c.check_peer(source, "recv_obj");
   T obj{};
   const auto watch = c.watch_point_to_point("recv_obj", 0);
@@ -88,6 +88,6 @@ T recv_obj(const checks& c, const boost::mpi::communicator& comm, int source, in
   return obj;
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

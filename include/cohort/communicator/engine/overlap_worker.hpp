@@ -13,7 +13,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! The thread that reduces a step's buckets while the caller goes on with backward: the caller
 //! launches buckets by raising a watermark, the worker reduces them strictly in order (every rank
@@ -127,6 +127,6 @@ private:
   std::thread thread_; // last: started once everything above exists
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -7,7 +7,7 @@
 // by the templated front door; what follows is compiled once.
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/detail/checks.hpp>
+#include <cohort/communicator/engine/checks.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/host.hpp>
@@ -28,7 +28,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! The parameters of one broadcast, read for the agreement of the ranks before anything moves.
 struct parameter_layout {
@@ -50,7 +50,7 @@ struct parameter_layout {
   //! another memory takes another path, and must meet a mismatch_error, not another collective.
   std::uint64_t fingerprint_for(int root) const;
 
-  std::vector<signature_entry> describe() const;
+  std::vector<detail::signature_entry> describe() const;
 };
 
 //! Whether any parameter's value is in device or managed memory, by its type's (or its
@@ -59,7 +59,7 @@ struct parameter_layout {
 template <parameter_set Params>
 bool any_parameter_on_device(Params& params) {
   for (auto&& p : params) {
-    if (on_device(parameter_traits<std::remove_cvref_t<decltype(p)>>::value(p))) {
+    if (detail::on_device(parameter_traits<std::remove_cvref_t<decltype(p)>>::value(p))) {
       return true;
     }
   }
@@ -106,10 +106,10 @@ tensor_view device_value_view(int rank, T& value, const std::string& what) {
 COHORT_DECL void broadcast_host_values(const checks& c, MPI_Comm comm,
                                        std::span<const tensor_view> values, int root);
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/detail/impl/parameter_broadcast.ipp>
+#include <cohort/communicator/engine/impl/parameter_broadcast.ipp>
 #endif

@@ -5,7 +5,7 @@
 // launched once all its members are ready and every bucket before it was launched (every rank
 // issues the same collectives in the same order). Plain bookkeeping, no communication.
 
-#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/config.hpp>
 
 #include <cstddef>
@@ -16,7 +16,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 class readiness {
 public:
@@ -46,10 +46,10 @@ private:
   std::size_t launched_ = 0;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/detail/impl/readiness.ipp>
+#include <cohort/communicator/engine/impl/readiness.ipp>
 #endif

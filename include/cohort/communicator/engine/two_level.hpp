@@ -23,7 +23,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! Block `i` of `data` among `ranks`, as the node's rank i holds it in two_dimensional.
 inline tensor_view node_block(tensor_view data, int ranks, int i) {
@@ -97,6 +97,6 @@ struct mpi_ring_link {
   void allgather(tensor_view data) const { algorithm::ring_allgather(comm, data, {}, workspace); }
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

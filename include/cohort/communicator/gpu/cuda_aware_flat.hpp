@@ -11,8 +11,8 @@
 #endif
 
 #include <cohort/communicator/basic_communicator.hpp>
-#include <cohort/communicator/gpu/bucketed_reduction.hpp>
-#include <cohort/communicator/gpu/streams.hpp>
+#include <cohort/communicator/engine/gpu/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/gpu/streams.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
@@ -55,7 +55,7 @@ public:
 
   explicit cuda_aware_flat(const boost::mpi::communicator& comm, communicator_options options = {})
       : base(comm, options)
-      , fused_(detail::device_bucket_limits(options)) {
+      , fused_(engine::device_bucket_limits(options)) {
     // Every rank runs the same MPI library: every rank throws alike.
     if (!mpi_is_cuda_aware()) {
       throw invalid_argument("cohort: cuda_aware_flat on rank " + std::to_string(rank()) +
@@ -102,7 +102,7 @@ private:
   // bf16 are host functions: on device memory only an MPI that stages through the host could run
   // them. Every rank has the same plan, so every rank refuses alike, and nothing is reduced.
   void prepare_gradients(std::span<const grad_slot> slots, const reduction_table& reduction) {
-    for (const detail::bucket& k : fused_.prepare(slots, reduction).buckets()) {
+    for (const engine::bucket& k : fused_.prepare(slots, reduction).buckets()) {
       if (k.plan.wire == dtype::float16 || k.plan.wire == dtype::bfloat16) {
         throw invalid_argument("cohort: cuda_aware_flat on rank " + std::to_string(rank()) +
                                ": a " + std::string(to_string(k.plan.wire)) +
@@ -123,9 +123,9 @@ private:
     });
   }
 
-  detail::device_streams streams_;
-  detail::device_fused_reduction fused_;
-  detail::device_fused_broadcast broadcast_;
+  engine::device_streams streams_;
+  engine::device_fused_reduction fused_;
+  engine::device_fused_broadcast broadcast_;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

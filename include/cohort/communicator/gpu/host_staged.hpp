@@ -11,8 +11,8 @@
 #endif
 
 #include <cohort/communicator/basic_communicator.hpp>
-#include <cohort/communicator/gpu/bucketed_reduction.hpp>
-#include <cohort/communicator/gpu/streams.hpp>
+#include <cohort/communicator/engine/gpu/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/gpu/streams.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
@@ -163,7 +163,7 @@ public:
 
   explicit host_staged(const boost::mpi::communicator& comm, communicator_options options = {})
       : base(comm, options)
-      , fused_(detail::device_bucket_limits(options)) {}
+      , fused_(engine::device_bucket_limits(options)) {}
 
   static constexpr bool reduces_gpu_memory = true;
 
@@ -255,8 +255,8 @@ private:
     cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
 
-  detail::device_streams streams_;
-  detail::device_fused_reduction fused_;
+  engine::device_streams streams_;
+  engine::device_fused_reduction fused_;
   detail::pinned_staging staging_;
 };
 

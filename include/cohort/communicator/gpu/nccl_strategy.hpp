@@ -13,9 +13,9 @@
 #endif
 
 #include <cohort/communicator/basic_communicator.hpp>
-#include <cohort/communicator/gpu/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/gpu/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/gpu/streams.hpp>
 #include <cohort/communicator/gpu/options.hpp>
-#include <cohort/communicator/gpu/streams.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
@@ -51,7 +51,7 @@ public:
   nccl_strategy(const boost::mpi::communicator& comm, communicator_options options, gpu_options gpu)
       : base(comm, options)
       , gpu_(gpu)
-      , fused_(device_bucket_limits(options)) {}
+      , fused_(engine::device_bucket_limits(options)) {}
 
   static constexpr bool reduces_gpu_memory = true;
 
@@ -269,7 +269,7 @@ protected:
   const cuda::event& work_started() const { return streams_.started(); }
 
   //! cohort's stream and its events, for a strategy's own work beside the user's.
-  device_streams& streams() noexcept { return streams_; }
+  engine::device_streams& streams() noexcept { return streams_; }
 
   //! The NCCL communicator over all ranks, created at the first call on the current device.
   nccl::communicator& nccl_comm() { return world_comm(); }
@@ -344,9 +344,9 @@ private:
 
   gpu_options gpu_;
   bool finalized_ = false;
-  device_streams streams_;
-  device_fused_reduction fused_;
-  device_fused_broadcast broadcast_;
+  engine::device_streams streams_;
+  engine::device_fused_reduction fused_;
+  engine::device_fused_broadcast broadcast_;
   // Declared last, destroyed first: the communicator's work ends before its buffers are freed.
   std::optional<nccl::communicator> nccl_;
 };

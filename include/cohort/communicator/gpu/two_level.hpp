@@ -15,6 +15,7 @@
 #endif
 
 #include <cohort/algorithm/ring.hpp>
+#include <cohort/communicator/engine/two_level.hpp>
 #include <cohort/communicator/gpu/host_staged.hpp>
 #include <cohort/communicator/gpu/nccl_strategy.hpp>
 #include <cohort/communicator/gpu/options.hpp>
@@ -22,7 +23,6 @@
 #include <cohort/communicator/links.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/two_dimensional.hpp>
-#include <cohort/communicator/two_level.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
@@ -66,14 +66,14 @@ struct nccl_node_link {
   void reduce_scatter(tensor_view data, reduce_op op) const {
     nccl::group_guard group;
     for (int i = 0; i < size_; ++i) {
-      reduce(node_block(data, size_, i), op, i);
+      reduce(engine::node_block(data, size_, i), op, i);
     }
     group.end(comm);
   }
   void allgather(tensor_view data) const {
     nccl::group_guard group;
     for (int i = 0; i < size_; ++i) {
-      broadcast(node_block(data, size_, i), i);
+      broadcast(engine::node_block(data, size_, i), i);
     }
     group.end(comm);
   }
@@ -189,7 +189,7 @@ protected:
           }
         },
         [&](tensor_view host) {
-          detail::mpi_link<Inter>{comm, this->options().segment_bytes}.allreduce(host, op);
+          engine::mpi_link<Inter>{comm, this->options().segment_bytes}.allreduce(host, op);
         });
   }
 
@@ -227,7 +227,7 @@ private:
   void exchange_bucket(nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
     // The inter communicator of intra rank 0 links exactly the nodes' first ranks.
-    detail::hierarchical_exchange(this->node_link(intra, s), this->network_link(s),
+    engine::hierarchical_exchange(this->node_link(intra, s), this->network_link(s),
                                   this->intra_rank() == 0, packed, op);
   }
 };
@@ -257,7 +257,7 @@ private:
   // On the node's communicator (bucket_comm).
   void exchange_bucket(nccl::communicator& intra, tensor_view packed, reduce_op op,
                        cudaStream_t s) {
-    detail::two_dimensional_exchange(this->node_link(intra, s), this->network_link(s), packed, op);
+    engine::two_dimensional_exchange(this->node_link(intra, s), this->network_link(s), packed, op);
   }
 };
 

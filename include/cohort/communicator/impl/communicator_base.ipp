@@ -9,18 +9,20 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
+COHORT_DECL communicator_base::~communicator_base() = default;
+
 COHORT_DECL void communicator_base::barrier() const {
   detail::operation_scope scope("barrier");
   std::array<std::uint64_t, 1> nothing{};
-  detail::liveness& live = checks_.live();
-  live.allreduce_max(detail::waiter::caller, nothing, "barrier",
-                     live.next_sequence(detail::waiter::caller));
+  engine::liveness& live = checks_.live();
+  live.allreduce_max(engine::waiter::caller, nothing, "barrier",
+                     live.next_sequence(engine::waiter::caller));
 }
 
 COHORT_DECL void communicator_base::connect(const boost::mpi::communicator& comm) {
-  const detail::watch_scope watch(checks_.live().slot(detail::waiter::caller),
+  const detail::watch_scope watch(checks_.live().slot(engine::waiter::caller),
                                   "communicator creation",
-                                  checks_.live().sequence(detail::waiter::caller), 0, true);
+                                  checks_.live().sequence(engine::waiter::caller), 0, true);
   comm_ = checked_duplicate(comm);
   layout_ = discover_topology(comm_, options().simulated_ranks_per_node);
   grad_world_ = checked_duplicate(comm_);
@@ -30,7 +32,7 @@ COHORT_DECL void communicator_base::connect(const boost::mpi::communicator& comm
 
 COHORT_DECL MPI_Comm communicator_base::split_comm(int color, int key) const {
   detail::operation_scope scope("split");
-  const std::string problem = detail::local_checks([&] {
+  const std::string problem = engine::local_checks([&] {
     if (color < 0) {
       throw invalid_argument("cohort: split on rank " + std::to_string(rank()) +
                              ": color must be >= 0, not " + std::to_string(color));

@@ -3,12 +3,12 @@
 
 #if !defined(__CUDACC__)
 #error                                                                                             \
-    "<cohort/communicator/gpu/bucketed_reduction.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
+    "<cohort/communicator/engine/gpu/bucketed_reduction.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
 #include <cohort/communicator/agreement.hpp>
-#include <cohort/communicator/bucket_plan.hpp>
-#include <cohort/communicator/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucketed_reduction.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
@@ -39,7 +39,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! The device strategies' buckets: the host strategies' sizes, with every gradient that fits a
 //! bucket packed. `fusion_threshold_bytes` weighs a host copy against a collective's latency; on
@@ -184,6 +184,6 @@ private:
   std::vector<const_tensor_view> sources_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

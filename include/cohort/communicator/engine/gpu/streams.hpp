@@ -10,7 +10,7 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 //! cohort's own stream beside the user's: cohort's work starts after what the user's stream has
 //! queued (the gradients are ready) and the user's stream continues after cohort's work (the
@@ -74,6 +74,6 @@ private:
   std::optional<owned> own_;
 };
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -4,11 +4,11 @@
 // What bucket_plan.hpp declares and does not define inline: in every translation unit by default,
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/bucket_plan.hpp>
+#include <cohort/communicator/engine/bucket_plan.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
                                     std::span<const std::size_t> order,
@@ -79,6 +79,6 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
   order_.assign(order.begin(), order.end());
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

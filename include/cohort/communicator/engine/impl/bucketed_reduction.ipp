@@ -4,16 +4,16 @@
 // What bucketed_reduction.hpp declares and does not define inline: in every translation unit by
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/bucketed_reduction.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_slot> slots,
                                                            const reduction_table& reduction) {
-  fingerprint f;
-  f.add(slots_fingerprint(slots));
+  detail::fingerprint f;
+  f.add(detail::slots_fingerprint(slots));
   for (const dtype type : all_dtypes) {
     const grad_reduction& plan = reduction(type);
     f.add(static_cast<std::uint64_t>(plan.wire))
@@ -108,16 +108,16 @@ COHORT_DECL void bucketed_reduction::own_buffers() {
   }
 }
 
-COHORT_DECL std::vector<signature_entry>
+COHORT_DECL std::vector<detail::signature_entry>
 bucketed_reduction::describe_bucket(std::size_t b, std::span<const grad_slot> slots) const {
   const bucket_plan& plan = current_->plan;
   const bucket& k = plan.buckets()[b];
   std::string members;
   for (const std::size_t s : plan.members(k)) {
-    members += (members.empty() ? "" : ", ") + slot_label(slots[s]);
+    members += (members.empty() ? "" : ", ") + detail::slot_label(slots[s]);
   }
   return {{"bucket " + std::to_string(b) + " of " + std::to_string(plan.buckets().size()),
-           describe_tensor(k.count, k.plan.wire) + " on the wire, " +
+           detail::describe_tensor(k.count, k.plan.wire) + " on the wire, " +
                (k.in_place ? "in place" : "packed") + " from " + members}};
 }
 
@@ -162,6 +162,6 @@ COHORT_DECL void bucketed_reduction::own_buffers_of(entry& e) {
   }
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -4,24 +4,31 @@
 // What checks.hpp declares and does not define inline: in every translation unit by default,
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/detail/checks.hpp>
+#include <cohort/communicator/engine/checks.hpp>
 
 #include <cstdlib>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
+
+COHORT_DECL checks::checks(const boost::mpi::communicator& comm,
+                           const communicator_options& options)
+    : live_((require_mpi(), std::make_unique<liveness>(comm, options.timeout)))
+    , options_(options) {}
+
+COHORT_DECL checks::~checks() = default;
 
 COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype type,
                                int detail_value, std::string_view detail_name,
                                const std::string& problem) const {
-  fingerprint f;
+  detail::fingerprint f;
   f.add(operation).add(count).add(static_cast<std::uint64_t>(type));
   f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(detail_value)));
   settle(
       operation, f.value(),
       [&] {
-        std::string described = describe_tensor(count, type);
+        std::string described = detail::describe_tensor(count, type);
         if (!detail_name.empty()) {
           described +=
               " (" + std::string(detail_name) + " " +
@@ -29,7 +36,7 @@ COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype t
                                    : std::to_string(detail_value)) +
               ")";
         }
-        return std::vector<signature_entry>{{"the tensor", described}};
+        return std::vector<detail::signature_entry>{{"the tensor", described}};
       },
       problem, count * size_of(type));
 }
@@ -41,7 +48,7 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
     agree(operation, data.count, data.type, static_cast<int>(op), "op", problem);
     return false;
   }
-  fingerprint f;
+  detail::fingerprint f;
   f.add(operation).add(data.count).add(static_cast<std::uint64_t>(data.type));
   f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<int>(op))));
   f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
@@ -53,14 +60,14 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
   {
     // A rank whose arguments failed its own checks carries nothing (its view may be anything).
     const tensor_view carried = problem.empty() ? data : tensor_view{};
-    reduced = require_agreement_carrying(
+    reduced = detail::require_agreement_carrying(
         *live_, waiter::caller, operation, sequence, f.value(),
         [&] {
           if (!problem.empty()) {
-            return std::vector<signature_entry>{{"the call", "failed (" + problem + ")"}};
+            return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
           }
-          return std::vector<signature_entry>{
-              {"the tensor", describe_tensor(data.count, data.type) + " (op " +
+          return std::vector<detail::signature_entry>{
+              {"the tensor", detail::describe_tensor(data.count, data.type) + " (op " +
                                  std::string(to_string(op)) + ")"}};
         },
         carried, op);
@@ -76,12 +83,12 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
 
 COHORT_DECL void checks::agree_root(const char* operation, int root) const {
   const std::string problem = local_checks([&] { check_root(root, operation); });
-  fingerprint f;
+  detail::fingerprint f;
   f.add(operation).add(static_cast<std::uint64_t>(root));
   settle(
       operation, f.value(),
       [&] {
-        return std::vector<signature_entry>{{"the root", std::to_string(root)}};
+        return std::vector<detail::signature_entry>{{"the root", std::to_string(root)}};
       },
       problem);
 }
@@ -90,7 +97,7 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
                                           std::string_view strategy_type) {
   int ranks_per_node = 0;
   const std::string problem = local_checks([&] {
-    ranks_per_node = ranks_per_node_override(options_.simulated_ranks_per_node);
+    ranks_per_node = detail::ranks_per_node_override(options_.simulated_ranks_per_node);
     if (options_.segment_bytes != 0 &&
         options_.segment_bytes < communicator_options::min_segment_bytes) {
       throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank()) +
@@ -128,22 +135,22 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
       {"timeout", std::to_string(options_.timeout.count()) + " ms"},
       {"ranks per node (simulated_ranks_per_node or COHORT_RANKS_PER_NODE)",
        ranks_per_node == 0 ? std::string("as MPI says") : std::to_string(ranks_per_node)}};
-  fingerprint f;
+  detail::fingerprint f;
   for (const auto& [name, value] : values) {
     f.add(name).add(value);
   }
   f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
-  require_agreement(*live_, waiter::caller, "communicator creation",
-                    live_->next_sequence(waiter::caller), f.value(), [&] {
-                      std::vector<signature_entry> described;
-                      if (!problem.empty()) {
-                        described.push_back({"the call", "failed (" + problem + ")"});
-                      }
-                      for (const auto& [name, value] : values) {
-                        described.push_back({name, value});
-                      }
-                      return described;
-                    });
+  detail::require_agreement(*live_, waiter::caller, "communicator creation",
+                            live_->next_sequence(waiter::caller), f.value(), [&] {
+                              std::vector<detail::signature_entry> described;
+                              if (!problem.empty()) {
+                                described.push_back({"the call", "failed (" + problem + ")"});
+                              }
+                              for (const auto& [name, value] : values) {
+                                described.push_back({name, value});
+                              }
+                              return described;
+                            });
   if (!problem.empty()) {
     throw invalid_argument(problem);
   }
@@ -238,6 +245,6 @@ COHORT_DECL void require_mpi() {
   }
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

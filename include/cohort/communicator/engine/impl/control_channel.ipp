@@ -4,11 +4,40 @@
 // What control_channel.hpp declares and does not define inline: in every translation unit by
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/detail/control_channel.hpp>
+#include <cohort/communicator/engine/control_channel.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
+
+COHORT_DECL control_channel::~control_channel() {
+  if (!open_ || !mpi_running() || size_ == 1) {
+    return;
+  }
+  try {
+    std::string reason = "its communicator was destroyed";
+    if (std::uncaught_exceptions() > 0) {
+      reason += " during the unwinding of an exception";
+    } else if (const std::exception_ptr current = std::current_exception()) {
+      try {
+        std::rethrow_exception(current);
+      } catch (const std::exception& e) {
+        reason += " while handling an exception: " + std::string(e.what());
+      } catch (...) {
+        reason += " while handling an exception";
+      }
+    }
+    const std::string notice = encode(reason);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_) {
+        // Small enough to go eagerly: this never waits for the peer.
+        MPI_Send(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, leave_tag, comm_);
+      }
+    }
+  } catch (...) {
+    // Out of memory while saying goodbye: the peers will find out through the timeout.
+  }
+}
 
 COHORT_DECL void control_channel::open(const boost::mpi::communicator& comm) {
   rank_ = comm.rank();
@@ -60,7 +89,7 @@ COHORT_DECL void control_channel::read(const char* operation, std::uint64_t sequ
       // Kept without allocating: a peer that finished the last collective and left before
       // this rank saw its end is no failure, and a step must not allocate.
       if (departures_++ == 0) {
-        first_departure_ = watch_clock::now();
+        first_departure_ = detail::watch_clock::now();
         first_leaver_ = static_cast<int>(peer);
         departure_.fill('\0');
         text.copy(departure_.data(), departure_.size() - 1);
@@ -77,8 +106,8 @@ COHORT_DECL void control_channel::read(const char* operation, std::uint64_t sequ
   }
 }
 
-COHORT_DECL std::string control_channel::departure(watch_clock::time_point now,
-                                                   watch_clock::duration grace) {
+COHORT_DECL std::string control_channel::departure(detail::watch_clock::time_point now,
+                                                   detail::watch_clock::duration grace) {
   const std::lock_guard state(state_mutex_);
   if (departures_ == 0 || now - first_departure_ < grace) {
     return {};
@@ -146,6 +175,6 @@ duplicate_returning_errors(const boost::mpi::communicator& comm) {
   return boost::mpi::communicator(copy, boost::mpi::comm_take_ownership);
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

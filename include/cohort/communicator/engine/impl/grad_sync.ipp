@@ -5,11 +5,11 @@
 // unit by default, compiled once in the one that includes <cohort/src.hpp> when
 // COHORT_SEPARATE_COMPILATION is defined.
 
-#include <cohort/communicator/detail/grad_sync.hpp>
+#include <cohort/communicator/engine/grad_sync.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 // The host packer, each call a span of the trace when it is on (one branch when off).
 struct traced_host_packer {
@@ -49,7 +49,7 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
   const auto start = std::chrono::steady_clock::now();
   step_trace_ = c.trace(); // (a pause or resume takes effect at the next step)
   const std::uint64_t began = step_trace_ != nullptr ? trace_ticks::now() : 0;
-  const bool carried = validate(c, s, table, missing, "blocking", std::move(problem));
+  const bool carried = validate(c, s, table, missing, reduction_mode::blocking, std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
   const auto reducing = std::chrono::steady_clock::now();
   trace_recorder* const trace = step_trace_;
@@ -89,14 +89,6 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
   ++stats_.steps;
 }
 
-COHORT_DECL void grad_sync::validate_copies(const checks& c, std::span<const grad_slot> slots,
-                                            const reduction_table& table,
-                                            missing_grad missing) const {
-  validate_gradients(c.live(), waiter::caller, "allreduce_grad",
-                     c.live().next_sequence(waiter::caller), slots, c.options().check_agreement,
-                     missing, std::string(), "double-buffered", table);
-}
-
 COHORT_DECL void grad_sync::require_overlap_possible(const checks& c, const void* owner) {
   require_no_pending(c, "begin_allreduce_grad", owner);
   if (!threads_checked_) {
@@ -117,7 +109,7 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
     step_began_ = trace_ticks::now();
   }
   try {
-    validate(c, s, table, missing, "overlapped", std::move(problem));
+    validate(c, s, table, missing, reduction_mode::overlapped, std::move(problem));
   } catch (...) {
     step_range_.close(); // no step began
     throw;
@@ -168,8 +160,8 @@ COHORT_DECL void grad_sync::mark_reread(std::size_t index, const grad_slot& now)
     grad_slot changed = now;
     changed.name = then.name;
     report("cohort: grad_ready on rank " + std::to_string(checks_->rank()) + ": " +
-           slot_label(then) + " had " + slot_description(then) +
-           " when the reduction began, and now has " + slot_description(changed));
+           detail::slot_label(then) + " had " + detail::slot_description(then) +
+           " when the reduction began, and now has " + detail::slot_description(changed));
     return;
   }
   then.grad = now.grad;
@@ -189,7 +181,7 @@ COHORT_DECL void grad_sync::mark_rest_ready() {
 }
 
 COHORT_DECL void grad_sync::finish() {
-  operation_scope scope("allreduce_grad");
+  detail::operation_scope scope("allreduce_grad");
   const auto start = std::chrono::steady_clock::now();
   struct done_on_exit {
     grad_sync& g;
@@ -295,7 +287,7 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   } idle{trace, reducer_idle_since_};
   if (c.options().check_agreement) {
     std::string problem = problem_flag_.load(std::memory_order_acquire) ? problem_ : std::string();
-    fingerprint f;
+    detail::fingerprint f;
     f.add(b).add(k.count).add(static_cast<std::uint64_t>(k.plan.wire));
     c.settle_on(
         waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
@@ -315,83 +307,6 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   });
   stats_.reducing += std::chrono::steady_clock::now() - start;
   ++stats_.buckets;
-}
-
-COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
-                                     const reduction_table& table, missing_grad missing,
-                                     std::string_view mode, std::string problem) {
-  const bool usable = std::ranges::all_of(
-      slots_, [](const grad_slot& slot) { return slot.state == slot_state::ok; });
-  if (problem.empty() && usable) {
-    try {
-      if (!s.device()) {
-        prepare_buckets(s, table, mode != "blocking");
-      } else if (s.prepare_all != nullptr) {
-        s.prepare_all(s.self, slots_, table);
-      }
-    } catch (const std::exception& e) {
-      problem = "cohort: allreduce_grad on rank " + std::to_string(c.rank()) +
-                ": preparing the reduction failed: " + e.what();
-    }
-  }
-  std::size_t bytes = 0;
-  for (const auto& slot : slots_) {
-    bytes += slot.grad.size_bytes();
-  }
-  step_bytes_ = bytes;
-  // A blocking step of one small packed bucket: packed now (the gradients are only read), it
-  // travels in the agreement's own messages, one round trip instead of two.
-  trace_recorder* const trace = step_trace_;
-  tensor_view carried;
-  reduce_op carried_op = reduce_op::sum;
-  if (problem.empty() && usable && mode == "blocking" && s.exchange_is_allreduce &&
-      c.options().check_agreement && reduction_.plan().buckets().size() == 1) {
-    const bucket& k = reduction_.plan().buckets().front();
-    if (!k.in_place && k.count > 0 &&
-        k.count * size_of(k.plan.wire) <= liveness::max_carried_bytes) {
-      try {
-        // Traced by hand: if the agreement carries it, the whole step is one event.
-        carried_phases_[0] = trace != nullptr ? trace_ticks::now() : 0;
-        carried = reduction_.pack_shared(0, slots_,
-                                         traced_host_packer{nullptr, trace_thread::trainer, 0});
-        carried_op = k.plan.op;
-      } catch (const std::exception&) {
-        carried = tensor_view{}; // reduced the usual way after the agreement
-      }
-    }
-  }
-  const bool carrying = carried.count > 0;
-  const std::uint64_t sequence = c.live().next_sequence(waiter::caller, bytes);
-  carried_phases_[1] = carrying && trace != nullptr ? trace_ticks::now() : 0;
-  trace_span span(c.options().check_agreement && !carrying ? trace : nullptr, "agreement",
-                  trace_thread::trainer, 0, -1, "allreduce_grad");
-  const bool reduced = validate_gradients(c.live(), waiter::caller, "allreduce_grad", sequence,
-                                          slots_, c.options().check_agreement, missing, problem,
-                                          mode, table, carried, carried_op);
-  if (carrying && trace != nullptr) {
-    carried_phases_[2] = trace_ticks::now();
-    if (!reduced) { // the ranks did not all carry it: its pack and agreement as they went
-      trace->span("pack", trace_thread::trainer, carried_phases_[0], carried_phases_[1],
-                  carried.size_bytes(), 0);
-      trace->span("agreement", trace_thread::trainer, carried_phases_[1], carried_phases_[2], 0, -1,
-                  "allreduce_grad");
-    }
-  }
-  return reduced;
-}
-
-COHORT_DECL void grad_sync::prepare_buckets(const strategy_ref& s, const reduction_table& table,
-                                            bool overlapped) {
-  const std::span<const grad_slot> slots(slots_);
-  reduction_.prepare(slots, table);
-  if (overlapped) {
-    reduction_.own_buffers();
-  }
-  if (s.prepare != nullptr) {
-    for (const bucket& b : reduction_.plan().buckets()) {
-      s.prepare(s.self, b);
-    }
-  }
 }
 
 COHORT_DECL void grad_sync::learn_order(const checks& c) {
@@ -429,12 +344,13 @@ COHORT_DECL void grad_sync::mark_ready(std::size_t index) {
     worker_->launch(*launch);
   } else if (!problem.empty()) {
     report("cohort: grad_ready on rank " + std::to_string(checks_->rank()) + ": " +
-           (index < slots_.size() ? slot_label(slots_[index]) + " (#" + std::to_string(index) + ") "
-                                  : std::string()) +
+           (index < slots_.size()
+                ? detail::slot_label(slots_[index]) + " (#" + std::to_string(index) + ") "
+                : std::string()) +
            problem);
   }
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

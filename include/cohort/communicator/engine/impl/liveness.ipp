@@ -4,12 +4,32 @@
 // What liveness.hpp declares and does not define inline: in every translation unit by default,
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/liveness.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
 #include <cohort/detail/fingerprint.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
+
+COHORT_DECL liveness::liveness(const boost::mpi::communicator& comm,
+                               std::chrono::milliseconds timeout)
+    : rank_(comm.rank())
+    , size_(comm.size())
+    , timeout_(std::chrono::duration_cast<detail::watch_clock::duration>(timeout))
+    , caller_slot_(timeout, rank_)
+    , reducer_slot_(timeout, rank_) {
+  if (timeout.count() < 0) {
+    throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank_) +
+                           ": communicator_options::timeout must be >= 0 (0 disables it), not " +
+                           std::to_string(timeout.count()) + " ms");
+  }
+  detail::install_terminate_handler();
+  // Until the channels exist, the creation's own blocking calls are watched.
+  const detail::watch_scope watch(caller_slot_.get(), "communicator creation", 0, 0, false);
+  control_.open(comm);
+  caller_ = duplicate_returning_errors(comm);
+  reducer_ = duplicate_returning_errors(comm);
+}
 
 COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* values, std::size_t n,
                                                   const char* operation, std::uint64_t sequence,
@@ -27,7 +47,7 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   // The header, in words; then the carried bytes.
   std::array<std::uint64_t, message_words> mine{};
   std::array<std::uint64_t, message_words> incoming{};
-  const std::uint64_t name = fingerprint{}.add(std::string_view(operation)).value();
+  const std::uint64_t name = detail::fingerprint{}.add(std::string_view(operation)).value();
   mine[0] = name;
   mine[1] = ~name;
   std::copy(values, values + n, mine.begin() + 2);
@@ -88,9 +108,10 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
         static_cast<std::size_t>(count) != std::min(eager_bytes, train)) {
       // Not a message of this protocol: what else the peer sent, and what it waits for, cannot
       // be known, so no rank can go on (a throw here would leave the others waiting).
-      end_job("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
-              ": a rendezvous message of " + std::to_string(count) + " bytes from rank " +
-              std::to_string(peer) + " (not a cohort agreement of this version?); ending the job");
+      detail::end_job("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+                      ": a rendezvous message of " + std::to_string(count) + " bytes from rank " +
+                      std::to_string(peer) +
+                      " (not a cohort agreement of this version?); ending the job");
     }
     std::size_t pieces = 0;
     for (std::size_t at = eager_bytes; at < train; at += eager_bytes, ++pieces) {
@@ -105,11 +126,11 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
       mpi::check(MPI_Get_count(&rest_statuses[max_pieces + k], MPI_BYTE, &count),
                  "MPI_Get_count (agreement check)", comm);
       if (static_cast<std::size_t>(count) != std::min(eager_bytes, train - at)) {
-        end_job("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
-                ": a rendezvous message of " + std::to_string(count) + " bytes from rank " +
-                std::to_string(peer) + " where its train said " +
-                std::to_string(std::min(eager_bytes, train - at)) +
-                " (not a cohort agreement of this version?); ending the job");
+        detail::end_job("cohort: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+                        ": a rendezvous message of " + std::to_string(count) + " bytes from rank " +
+                        std::to_string(peer) + " where its train said " +
+                        std::to_string(std::min(eager_bytes, train - at)) +
+                        " (not a cohort agreement of this version?); ending the job");
       }
     }
     std::memcpy(incoming.data(), buffers.incoming.data(), header_bytes);
@@ -191,17 +212,17 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   return buffers.mine.data() + prefix_bytes;
 }
 
-COHORT_DECL void liveness::check_departures(watch_clock::time_point now, const char* operation,
-                                            std::uint64_t sequence) {
+COHORT_DECL void liveness::check_departures(detail::watch_clock::time_point now,
+                                            const char* operation, std::uint64_t sequence) {
   const std::string departure = control_.departure(now, leave_grace());
   if (departure.empty()) {
     return;
   }
-  end_job("cohort: rank " + std::to_string(rank_) + ": " + departure +
-          "; this rank waited for it in " + operation + " (#" + std::to_string(sequence) +
-          "), which it can never join; ending the job");
+  detail::end_job("cohort: rank " + std::to_string(rank_) + ": " + departure +
+                  "; this rank waited for it in " + operation + " (#" + std::to_string(sequence) +
+                  "), which it can never join; ending the job");
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -4,11 +4,11 @@
 // What parameter_broadcast.hpp declares and does not define inline: in every translation unit by
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/detail/parameter_broadcast.hpp>
+#include <cohort/communicator/engine/parameter_broadcast.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 COHORT_DECL void agree_on_parameters(const checks& c, const parameter_layout& layout, int root,
                                      const std::string& problem) {
@@ -60,7 +60,7 @@ COHORT_DECL void broadcast_host_values(const checks& c, MPI_Comm comm,
 }
 
 COHORT_DECL std::uint64_t parameter_layout::fingerprint_for(int root) const {
-  fingerprint f;
+  detail::fingerprint f;
   f.add(static_cast<std::uint64_t>(root)).add(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
     f.add(names[i]).add(values[i].count).add(static_cast<std::uint64_t>(values[i].type));
@@ -69,19 +69,19 @@ COHORT_DECL std::uint64_t parameter_layout::fingerprint_for(int root) const {
   return f.value();
 }
 
-COHORT_DECL std::vector<signature_entry> parameter_layout::describe() const {
-  std::vector<signature_entry> described;
+COHORT_DECL std::vector<detail::signature_entry> parameter_layout::describe() const {
+  std::vector<detail::signature_entry> described;
   for (std::size_t i = 0; i < values.size(); ++i) {
     // Host memory goes unsaid: it is the usual, and the messages keep their shape.
     const bool host = values[i].location == memory_location::host;
     described.push_back(
         {"parameter '" + names[i] + "'",
-         "a value of " + describe_tensor(values[i].count, values[i].type) +
+         "a value of " + detail::describe_tensor(values[i].count, values[i].type) +
              (host ? "" : " in " + std::string(to_string(values[i].location)) + " memory")});
   }
   return described;
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

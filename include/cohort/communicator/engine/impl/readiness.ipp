@@ -4,11 +4,11 @@
 // What readiness.hpp declares and does not define inline: in every translation unit by default,
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/detail/readiness.hpp>
+#include <cohort/communicator/engine/readiness.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 COHORT_DECL void readiness::begin(const bucket_plan& plan, std::size_t gradients) {
   ready_.assign(gradients, 0);
@@ -49,6 +49,6 @@ COHORT_DECL std::optional<std::size_t> readiness::mark(const bucket_plan& plan, 
   return launched;
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

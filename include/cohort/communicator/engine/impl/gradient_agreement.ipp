@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What gradient_agreement.hpp declares: in every translation unit by default, compiled once where
+// <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
+
+#include <cohort/communicator/engine/gradient_agreement.hpp>
+#include <cohort/detail/fingerprint.hpp>
+#include <cohort/error.hpp>
+
+#include <bit>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace engine {
+
+COHORT_DECL std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots,
+                                                reduction_mode mode,
+                                                const reduction_table& plan_of) {
+  detail::fingerprint f;
+  f.add(to_string(mode));
+  const unsigned present = detail::present_dtypes(slots);
+  for (std::size_t d = 0; d < dtype_count; ++d) {
+    if ((present & (1u << d)) != 0) {
+      const grad_reduction plan = plan_of(all_dtypes[d]);
+      f.add(d)
+          .add(static_cast<std::uint64_t>(plan.wire))
+          .add(std::bit_cast<std::uint64_t>(plan.pre_scale))
+          .add(std::bit_cast<std::uint64_t>(plan.post_scale))
+          .add(static_cast<std::uint64_t>(plan.op));
+    }
+  }
+  return f.value();
+}
+
+COHORT_DECL std::vector<detail::signature_entry>
+describe_reduction_plan(std::span<const grad_slot> slots, const reduction_table& plan_of) {
+  std::vector<detail::signature_entry> entries;
+  const unsigned present = detail::present_dtypes(slots);
+  for (std::size_t d = 0; d < dtype_count; ++d) {
+    if ((present & (1u << d)) != 0) {
+      entries.push_back(
+          {"the reducer's plan for " + std::string(to_string(all_dtypes[d])) + " gradients",
+           detail::describe_reduction(plan_of(all_dtypes[d]))});
+    }
+  }
+  return entries;
+}
+
+COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_step& step,
+                                    carried_bucket carried) {
+  const std::span<const grad_slot> slots = step.slots;
+  detail::fingerprint f;
+  f.add(detail::slots_fingerprint(slots))
+      .add(static_cast<std::uint64_t>(step.problem.empty() ? 0 : 1));
+  f.add(to_string(step.mode));
+  const auto describe_layout = [&] {
+    std::vector<detail::signature_entry> entries;
+    entries.reserve(slots.size() + 2);
+    if (!step.problem.empty()) {
+      entries.push_back({"the call", "failed (" + std::string(step.problem) + ")"});
+    }
+    if (step.mode != reduction_mode::blocking) {
+      // Only where it is not the usual, so that layout messages keep their item numbers.
+      entries.push_back({"the reduction", std::string(to_string(step.mode))});
+    }
+    for (const auto& slot : slots) {
+      entries.push_back({detail::slot_label(slot), detail::slot_description(slot)});
+    }
+    return entries;
+  };
+  // The plan is compared only where the layouts agree (it follows from the layout's dtypes).
+  const auto describe_plan = [&] { return describe_reduction_plan(slots, step.plan_of); };
+  const auto layout =
+      std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout);
+  const auto plan = std::pair<std::uint64_t, decltype(describe_plan)&>(
+      reduction_fingerprint(slots, step.mode, step.plan_of), describe_plan);
+  // (Nothing carried: the rendezvous only agrees, and says nothing was reduced.)
+  return detail::require_agreement_carrying_of(live, who, step.operation, step.sequence,
+                                               carried.data, carried.op, layout, plan);
+}
+
+COHORT_DECL void require_usable_gradients(int rank, const gradient_step& step) {
+  if (!step.problem.empty()) {
+    throw invalid_argument(std::string(step.problem));
+  }
+  for (std::size_t i = 0; i < step.slots.size(); ++i) {
+    const auto& slot = step.slots[i];
+    if (slot.state == slot_state::ok) {
+      continue;
+    }
+    std::string message = "cohort: " + std::string(step.operation) + ": " +
+                          detail::slot_label(slot) + " (#" + std::to_string(i) + ") on rank " +
+                          std::to_string(rank) + " has " + detail::slot_description(slot);
+    if (slot.state == slot_state::missing) {
+      message += step.missing == missing_grad::report
+                     ? "; pass missing_grad::zero_fill to reduce a zero gradient for it"
+                     : "; zero_fill needs a gradient tensor to fill: a resizable one (an empty "
+                       "std::vector, say), not a null pointer";
+    }
+    throw invalid_argument(message);
+  }
+}
+
+} // namespace engine
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
