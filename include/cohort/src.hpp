@@ -10,6 +10,7 @@
 #endif
 
 #include <cohort/algorithm/impl/ring.ipp>
+#include <cohort/communicator/engine/impl/agreement.ipp>
 #include <cohort/communicator/engine/impl/bucket_plan.ipp>
 #include <cohort/communicator/engine/impl/bucketed_reduction.ipp>
 #include <cohort/communicator/engine/impl/checks.ipp>
@@ -20,9 +21,8 @@
 #include <cohort/communicator/engine/impl/liveness.ipp>
 #include <cohort/communicator/engine/impl/parameter_broadcast.ipp>
 #include <cohort/communicator/engine/impl/readiness.ipp>
-#include <cohort/communicator/impl/agreement.ipp>
+#include <cohort/communicator/engine/impl/slots.ipp>
 #include <cohort/communicator/impl/communicator_base.ipp>
-#include <cohort/communicator/impl/gradients.ipp>
 #include <cohort/communicator/impl/topology.ipp>
 #include <cohort/detail/impl/watchdog.ipp>
 #include <cohort/impl/error.ipp>

@@ -266,6 +266,38 @@ BOOST_AUTO_TEST_CASE(a_set_that_is_not_random_access_is_read_again_where_it_live
                         message_has({"parameter 't1'", "now has a gradient of 2 float64"}));
 }
 
+BOOST_AUTO_TEST_CASE(a_set_erased_once_reduces_as_its_own_type) {
+  // The optimizer wrapper's path: the set's type erased into a parameter_source, read by the
+  // communicator itself (collect, remember where a list's elements live, read one again).
+  auto comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 64});
+  int owner = 0;
+  for (int step = 0; step < 2; ++step) {
+    mixed_model a(comm.size(), comm.rank(), step);
+    mixed_model b(comm.size(), comm.rank(), step);
+    mixed_model c(comm.size(), comm.rank(), step);
+    std::list<cohort::parameter_ref<cohort::tensor_view>> listed(a.params.begin(), a.params.end());
+    const cohort::parameter_source erased(listed);
+    for (const std::size_t t : readiness(comm.rank(), step)) {
+      comm.grad_ready_for(&owner, erased, cohort::mean{}, {}, t);
+    }
+    comm.wait_grad_sync();
+    comm.allreduce_grad(cohort::parameter_source(b.params), cohort::mean{});
+    comm.allreduce_grad(c.params, cohort::mean{});
+    require_same_bytes(a, c, step);
+    require_same_bytes(b, c, step);
+  }
+  mixed_model m(comm.size(), comm.rank(), 0);
+  std::list<cohort::parameter_ref<cohort::tensor_view>> listed(m.params.begin(), m.params.end());
+  auto other = listed;
+  comm.grad_ready_for(&owner, cohort::parameter_source(listed), cohort::mean{}, {}, 0);
+  // Another list of the same parameters is not the set the reduction read: refused, by name.
+  BOOST_CHECK_EXCEPTION(
+      comm.grad_ready_for(&owner, cohort::parameter_source(other), cohort::mean{}, {}, 1),
+      cohort::invalid_argument,
+      message_has({"grad_ready(1)", "not the one the reduction began with"}));
+  comm.wait_grad_sync();
+}
+
 BOOST_AUTO_TEST_CASE(misuse_is_named) {
   auto comm = cohort::make_communicator<cohort::flat>();
   mixed_model m(comm.size(), comm.rank(), 0);

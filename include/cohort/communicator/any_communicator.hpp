@@ -252,6 +252,11 @@ public:
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
     call([&](auto& c) { c.allreduce_grad(params, reducer, options); });
   }
+  template <reducer Reducer>
+  void allreduce_grad(const parameter_source& params, const Reducer& reducer,
+                      grad_sync_options options = {}) {
+    call([&](auto& c) { c.allreduce_grad(params, reducer, options); });
+  }
 
   template <parameter_set Params, reducer Reducer>
   requires overlapping grad_sync_request<basic_any_communicator, Params>
@@ -282,6 +287,12 @@ public:
   }
   template <parameter_set Params, reducer Reducer>
   requires overlapping void grad_ready_for(const void* owner, Params& params,
+                                           const Reducer& reducer, grad_sync_options options,
+                                           std::size_t index) {
+    call([&](auto& c) { c.grad_ready_for(owner, params, reducer, options, index); });
+  }
+  template <reducer Reducer>
+  requires overlapping void grad_ready_for(const void* owner, const parameter_source& params,
                                            const Reducer& reducer, grad_sync_options options,
                                            std::size_t index) {
     call([&](auto& c) { c.grad_ready_for(owner, params, reducer, options, index); });

@@ -132,9 +132,15 @@ public:
   //! agreed to run it, ends the job with a message naming the rank and the cause.
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
+    allreduce_grad(parameter_source(params), reducer, options);
+  }
+  //! The same, for a set whose type is erased (see parameter_source).
+  template <reducer Reducer>
+  void allreduce_grad(const parameter_source& params, const Reducer& reducer,
+                      grad_sync_options options = {}) {
     detail::operation_scope scope("allreduce_grad");
     sync_->require_no_pending(checks(), "allreduce_grad", nullptr);
-    collect_gradients(params, options.missing, sync_->slots(), sync_->names());
+    params.collect(options.missing, sync_->slots(), sync_->names());
     sync_->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
                            local_problem());
   }
@@ -173,7 +179,7 @@ public:
   void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {},
                        const void* owner = nullptr) {
     const std::lock_guard lock(sync_->mutex());
-    start_locked(params, reducer, options, owner);
+    start_locked(parameter_source(params), reducer, options, owner);
   }
 
   //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
@@ -195,7 +201,7 @@ public:
   void grad_ready(Params& params, std::size_t index) {
     const std::lock_guard lock(sync_->mutex());
     sync_->require_pending(checks(), "grad_ready");
-    reread_and_mark(params, index);
+    reread_and_mark(parameter_source(params), index);
   }
 
   //! What an optimizer's backward hook calls, from any thread: the first call of a step begins
@@ -203,6 +209,12 @@ public:
   //! `index` ready. Throws `invalid_argument` if another owner's reduction is pending.
   template <parameter_set Params, reducer Reducer>
   void grad_ready_for(const void* owner, Params& params, const Reducer& reducer,
+                      grad_sync_options options, std::size_t index) {
+    grad_ready_for(owner, parameter_source(params), reducer, options, index);
+  }
+  //! The same, for a set whose type is erased (see parameter_source).
+  template <reducer Reducer>
+  void grad_ready_for(const void* owner, const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options, std::size_t index) {
     const std::lock_guard lock(sync_->mutex());
     if (!sync_->pending()) {
@@ -380,22 +392,21 @@ private:
   }
 
   // Under the engine's mutex.
-  template <parameter_set Params, reducer Reducer>
-  void start_locked(Params& params, const Reducer& reducer, grad_sync_options options,
-                    const void* owner) {
+  template <reducer Reducer>
+  void start_locked(const parameter_source& params, const Reducer& reducer,
+                    grad_sync_options options, const void* owner) {
     detail::operation_scope scope("allreduce_grad");
     require_overlap_possible(owner);
-    collect_gradients(params, options.missing, sync_->slots(), sync_->names());
-    detail::remember_elements(params, sync_->elements());
-    sync_->elements_of() = std::addressof(params);
+    params.collect(options.missing, sync_->slots(), sync_->names());
+    params.remember(sync_->elements());
+    sync_->elements_of() = params.address();
     sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
                  options.missing, owner, local_problem());
   }
 
   // Under the engine's mutex: reads parameter `index` again and marks it ready.
-  template <parameter_set Params>
-  void reread_and_mark(Params& params, std::size_t index) {
-    if (detail::remembers_elements<Params> && sync_->elements_of() != std::addressof(params)) {
+  void reread_and_mark(const parameter_source& params, std::size_t index) {
+    if (params.remembers_elements() && sync_->elements_of() != params.address()) {
       // Its elements are read where the set began's live: another set would be read as this one.
       throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
                              std::to_string(rank()) +
@@ -406,8 +417,7 @@ private:
       sync_->mark(index);
       return;
     }
-    sync_->mark_reread(
-        index, detail::reread_parameter(params, index, sync_->elements(), sync_->missing()));
+    sync_->mark_reread(index, params.reread(index, sync_->elements(), sync_->missing()));
   }
 
   std::unique_ptr<engine::grad_sync> sync_;

@@ -32,8 +32,8 @@ using parameters_archetype = std::vector<parameter_ref<std::vector<float>>>;
 //! its own small exchanges. `naive`, `flat` and `dummy` model it.
 template <class C>
 concept communicator = std::move_constructible<C> &&
-    requires(C& c, const C& cc, std::vector<float>& t, int i,
-             detail::parameters_archetype& params) {
+    requires(C& c, const C& cc, std::vector<float>& t, int i, detail::parameters_archetype& params,
+             const parameter_source& source) {
   { cc.rank() } -> std::same_as<int>;
   { cc.size() } -> std::same_as<int>;
   { cc.intra_rank() } -> std::same_as<int>;
@@ -54,6 +54,7 @@ concept communicator = std::move_constructible<C> &&
   { cc.split(i, i) } -> std::same_as<C>;
   c.broadcast_parameters(params, i);
   c.allreduce_grad(params, detail::reducer_archetype{}, grad_sync_options{});
+  c.allreduce_grad(source, detail::reducer_archetype{}, grad_sync_options{});
 };
 
 //! A communicator that can reduce gradients while backward runs (the host strategies).
@@ -62,11 +63,12 @@ concept overlapping_communicator = communicator<C> && !requires {
   requires C::reduces_gpu_memory;
 }
 &&requires(C& c, const C& cc, detail::parameters_archetype& params, std::size_t i,
-           const void* owner, std::span<const grad_slot> slots) {
+           const void* owner, std::span<const grad_slot> slots, const parameter_source& source) {
   c.start_grad_sync(params, detail::reducer_archetype{}, grad_sync_options{});
   c.start_grad_sync(slots, detail::reducer_archetype{}, owner);
   c.grad_ready(params, i);
   c.grad_ready_for(owner, params, detail::reducer_archetype{}, grad_sync_options{}, i);
+  c.grad_ready_for(owner, source, detail::reducer_archetype{}, grad_sync_options{}, i);
   c.mark_all_ready();
   c.wait_grad_sync();
   c.abandon_grad_sync("why");

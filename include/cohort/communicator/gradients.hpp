@@ -5,7 +5,6 @@
 // slot, missing gradients are zero-filled or reported, and the ranks agree on the layout before
 // any buffer is reduced.
 
-#include <cohort/communicator/agreement.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reducer/concepts.hpp>
@@ -82,26 +81,6 @@ grad_slot collect_one(P& p, missing_grad missing) {
   return slot;
 }
 
-COHORT_DECL std::string slot_label(const grad_slot& slot);
-
-COHORT_DECL std::string slot_description(const grad_slot& slot);
-
-COHORT_DECL std::uint64_t slots_fingerprint(std::span<const grad_slot> slots);
-
-//! The dtypes among `slots` that have a gradient to reduce, as a bit mask over `all_dtypes`.
-inline unsigned present_dtypes(std::span<const grad_slot> slots) noexcept {
-  unsigned mask = 0;
-  for (const auto& slot : slots) {
-    if (slot.state == slot_state::ok && slot.grad.count != 0) {
-      mask |= 1u << dtype_index(slot.grad.type);
-    }
-  }
-  return mask;
-}
-
-//! "summed as float16 on the wire, scaled by 0.5 before and 1 after", for messages.
-COHORT_DECL std::string describe_reduction(const grad_reduction& plan);
-
 } // namespace detail
 
 //! Reads a parameter set into `slots`, and the parameters' names into `names` (owned: a name may
@@ -153,21 +132,73 @@ template <parameter_set Params>
 grad_slot reread_parameter(Params& params, std::size_t index, std::span<void* const> elements,
                            missing_grad missing) {
   if constexpr (std::ranges::random_access_range<Params>) {
-    return collect_one(std::ranges::begin(params)[index], missing);
+    // (A set may make its elements on the fly: a temporary is read as one.)
+    auto&& element = std::ranges::begin(params)[index];
+    return collect_one(element, missing);
   } else if constexpr (remembers_elements<Params>) {
     using element = std::remove_reference_t<std::ranges::range_reference_t<Params>>;
     return collect_one(*static_cast<element*>(elements[index]), missing);
   } else {
     auto it = std::ranges::begin(params);
     std::ranges::advance(it, static_cast<std::ranges::range_difference_t<Params>>(index));
-    return collect_one(*it, missing);
+    auto&& element = *it;
+    return collect_one(element, missing);
   }
 }
 
 } // namespace detail
+
+//! A parameter set whose type is erased, once: what the communicator reads from a set (every
+//! gradient into slots; one parameter again; where its elements live), through one table of
+//! functions per set type. For a holder that cannot name the set's type (the optimizer wrapper);
+//! the communicator's own members that take a set read it through one too, so that there is one
+//! erasure, not one per layer. Refers to the set, which must outlive it.
+class parameter_source {
+public:
+  template <parameter_set Params>
+  explicit parameter_source(Params& params) noexcept
+      : set_(const_cast<void*>(static_cast<const void*>(std::addressof(params))))
+      , operations_(&operations_of<Params>) {}
+
+  //! Reads every parameter's gradient into `slots`, their names into `names` (collect_gradients).
+  void collect(missing_grad missing, std::vector<grad_slot>& slots,
+               std::vector<std::string>& names) const {
+    operations_->collect(set_, missing, slots, names);
+  }
+  //! Whether `grad_ready(i)` reads parameter i through the addresses kept by `remember`.
+  bool remembers_elements() const noexcept { return operations_->remembers_elements; }
+  void remember(std::vector<void*>& elements) const { operations_->remember(set_, elements); }
+  //! Parameter `index` read again.
+  grad_slot reread(std::size_t index, std::span<void* const> elements, missing_grad missing) const {
+    return operations_->reread(set_, index, elements, missing);
+  }
+  //! The set's address: which set this is.
+  const void* address() const noexcept { return set_; }
+
+private:
+  struct operations {
+    void (*collect)(void*, missing_grad, std::vector<grad_slot>&, std::vector<std::string>&);
+    void (*remember)(void*, std::vector<void*>&);
+    grad_slot (*reread)(void*, std::size_t, std::span<void* const>, missing_grad);
+    bool remembers_elements;
+  };
+  template <class Params>
+  static constexpr operations operations_of{
+      [](void* set, missing_grad missing, std::vector<grad_slot>& slots,
+         std::vector<std::string>& names) {
+        collect_gradients(*static_cast<Params*>(set), missing, slots, names);
+      },
+      [](void* set, std::vector<void*>& elements) {
+        detail::remember_elements(*static_cast<Params*>(set), elements);
+      },
+      [](void* set, std::size_t index, std::span<void* const> elements, missing_grad missing) {
+        return detail::reread_parameter(*static_cast<Params*>(set), index, elements, missing);
+      },
+      detail::remembers_elements<Params>};
+
+  void* set_;
+  const operations* operations_;
+};
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
-
-#if !defined(COHORT_SEPARATE_COMPILATION)
-#include <cohort/communicator/impl/gradients.ipp>
-#endif

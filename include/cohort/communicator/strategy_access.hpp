@@ -7,7 +7,7 @@
 // strategy keeps its hooks private, open to `strategy_access` alone.
 
 #include <cohort/communicator/engine/bucket_plan.hpp>
-#include <cohort/communicator/engine/grad_sync.hpp>
+#include <cohort/communicator/engine/strategy_ref.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>

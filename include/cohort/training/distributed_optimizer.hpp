@@ -65,8 +65,9 @@ struct distributed_optimizer_options {
 //!
 //! The parameter set and the communicator are held by reference: both must outlive the wrapper,
 //! and neither may be moved while it is in use. A strategy chosen at compile time costs nothing
-//! per step beyond its own work: the parameter set's type is erased behind function pointers,
-//! called once per step (and once per `grad_ready`).
+//! per step beyond its own work: the parameter set's type is erased once, into the
+//! communicator's own `parameter_source` (a table of functions per set type, read once per step
+//! and once per `grad_ready`).
 //!
 //! `Communicator` may be spelled as a reference (`decltype(comm)` of a reference parameter);
 //! class template argument deduction also works: `distributed_optimizer opt{sgd{}, comm, params}`.
@@ -85,14 +86,12 @@ public:
       , comm_(&comm)
       , reducer_(std::move(reducer))
       , options_(options)
-      , params_(const_cast<void*>(static_cast<const void*>(std::addressof(params))))
-      , sync_(&sync<Params>) {
-    if constexpr (overlapping_communicator<communicator_type>) {
-      ready_ = &ready<Params>;
-      collect_ = &collect<Params>;
-    } else if (options.double_buffering) {
-      throw invalid_argument("cohort: distributed_optimizer: double_buffering needs a strategy "
-                             "that reduces on cohort's thread (a host strategy: flat, ...)");
+      , params_(params) {
+    if constexpr (!overlapping_communicator<communicator_type>) {
+      if (options.double_buffering) {
+        throw invalid_argument("cohort: distributed_optimizer: double_buffering needs a strategy "
+                               "that reduces on cohort's thread (a host strategy: flat, ...)");
+      }
     }
     comm.broadcast_parameters(params, options.root);
   }
@@ -192,7 +191,7 @@ public:
                              "error); step() reduces it blocking, or skip_step() drops it");
     }
     try {
-      ready_(this, params_, *comm_, reducer_, grad_sync_options{options_.missing}, index);
+      comm_->grad_ready_for(this, params_, reducer_, grad_sync_options{options_.missing}, index);
     } catch (...) {
       if (!comm_->grad_sync_pending_for(this)) {
         start_failed_.store(true, std::memory_order_relaxed);
@@ -207,7 +206,7 @@ public:
     if constexpr (overlapping_communicator<communicator_type>) {
       if (options_.double_buffering && comm_->grad_sync_pending_for(this)) {
         // The gradients are read again: they may have moved since the last step.
-        collect_(params_, options_.missing, slots_, names_);
+        params_.collect(options_.missing, slots_, names_);
         require_same_layout("finish");
         comm_->wait_grad_sync();
         swap_copies();
@@ -259,22 +258,6 @@ public:
   const Reducer& reducer() const noexcept { return reducer_; }
 
 private:
-  template <class Params>
-  static void sync(void* params, communicator_type& comm, const Reducer& reducer,
-                   grad_sync_options options) {
-    comm.allreduce_grad(*static_cast<Params*>(params), reducer, options);
-  }
-  template <class Params>
-  static void ready(const void* owner, void* params, communicator_type& comm,
-                    const Reducer& reducer, grad_sync_options options, std::size_t index) {
-    comm.grad_ready_for(owner, *static_cast<Params*>(params), reducer, options, index);
-  }
-  template <class Params>
-  static void collect(void* params, missing_grad missing, std::vector<grad_slot>& slots,
-                      std::vector<std::string>& names) {
-    collect_gradients(*static_cast<Params*>(params), missing, slots, names);
-  }
-
   // This step's reduction: the one this optimizer's hooks began, or a blocking one (which the
   // communicator refuses, naming it, while another optimizer's reduction is pending).
   void reduce() {
@@ -284,7 +267,7 @@ private:
         return;
       }
     }
-    sync_(params_, *comm_, reducer_, grad_sync_options{options_.missing});
+    comm_->allreduce_grad(params_, reducer_, grad_sync_options{options_.missing});
   }
 
   void require_syncing(std::string_view operation) const {
@@ -307,7 +290,7 @@ private:
       }
       // Checked before the previous reduction is waited for, so that a refused step loses
       // nothing: that reduction stays pending, for the next step or finish().
-      collect_(params_, options_.missing, slots_, names_);
+      params_.collect(options_.missing, slots_, names_);
       comm_->validate_grad_sync(std::span<const grad_slot>(slots_), reducer_, options_.missing);
       if (had_previous) {
         require_same_layout("step");
@@ -364,12 +347,7 @@ private:
   communicator_type* comm_;
   Reducer reducer_;
   distributed_optimizer_options options_;
-  void* params_;
-  void (*sync_)(void*, communicator_type&, const Reducer&, grad_sync_options);
-  void (*ready_)(const void*, void*, communicator_type&, const Reducer&, grad_sync_options,
-                 std::size_t) = nullptr;
-  void (*collect_)(void*, missing_grad, std::vector<grad_slot>&,
-                   std::vector<std::string>&) = nullptr;
+  parameter_source params_; // the one erasure of the parameter set, the communicator's own
   // Read by hooks on other threads (LibTorch's autograd engine), hence atomic.
   std::atomic<int> no_sync_depth_{0};
   std::atomic<bool> synchronized_{false};

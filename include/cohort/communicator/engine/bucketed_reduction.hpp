@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/bucket_order.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/engine/slots.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -159,7 +160,7 @@ public:
 
   //! Bucket `b` of the current plan, for a mismatch message: its size, its wire dtype and its
   //! members.
-  std::vector<detail::signature_entry> describe_bucket(std::size_t b,
+  std::vector<engine::signature_entry> describe_bucket(std::size_t b,
                                                        std::span<const grad_slot> slots) const;
 
   //! Bytes held by the current layout's bucket buffers (for tests and memory accounting).

@@ -8,7 +8,7 @@
 // what happens when a transfer fails after the ranks agreed to run it. Not a template: compiled
 // once whatever the strategy.
 
-#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/liveness.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>
@@ -195,14 +195,14 @@ private:
     const trace_span span(trace, "agreement",
                           trace != nullptr ? this_trace_thread() : trace_thread::trainer, 0, -1,
                           operation);
-    detail::require_agreement(*live_, who, operation, sequence, f.value(), [&] {
+    engine::require_agreement(*live_, who, operation, sequence, f.value(), [&] {
       if (!problem.empty()) {
-        return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
+        return std::vector<engine::signature_entry>{{"the call", "failed (" + problem + ")"}};
       }
       if constexpr (std::is_invocable_v<Describe>) {
         return describe();
       } else {
-        return std::vector<detail::signature_entry>{{"the call", "good arguments"}};
+        return std::vector<engine::signature_entry>{{"the call", "good arguments"}};
       }
     });
   }

@@ -14,6 +14,8 @@
 #include <cohort/communicator/engine/liveness.hpp>
 #include <cohort/communicator/engine/overlap_worker.hpp>
 #include <cohort/communicator/engine/readiness.hpp>
+#include <cohort/communicator/engine/step_observer.hpp>
+#include <cohort/communicator/engine/strategy_ref.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
@@ -45,27 +47,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
-
-//! What the engine needs of a strategy, type-erased: for a host strategy, how one packed bucket
-//! is exchanged (and, optionally, what its exchange allocates before the ranks agree); for a
-//! device strategy, how all the gradients are reduced in one call (and, optionally, what it
-//! allocates and refuses before the ranks agree). One indirect call per bucket, beside a
-//! collective of up to `bucket_bytes`.
-struct strategy_ref {
-  void* self = nullptr;
-  void (*exchange)(void*, tensor_view, reduce_op) = nullptr;
-  void (*prepare)(void*, const bucket&) = nullptr;
-  void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
-  void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
-  // Collectives a device strategy's `reduce_all` ran in its last call (`device_bucket_count()`),
-  // for grad_sync_stats; null when it does not say.
-  std::size_t (*device_buckets)(const void*) = nullptr;
-  // `exchange` is an all-reduce over every rank (`static constexpr bool exchange_is_allreduce`):
-  // a blocking step of one small bucket may then travel in the step's agreement.
-  bool exchange_is_allreduce = false;
-
-  bool device() const noexcept { return reduce_all != nullptr; }
-};
 
 //! One communicator's gradient reductions. Blocking calls run on the caller's thread; an
 //! overlapped one reduces each bucket on cohort's own thread as soon as its gradients are marked
@@ -161,7 +142,7 @@ public:
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
   std::vector<bucket_order> learned_orders() const { return reduction_.learned_orders(); }
   //! What the reductions did since the last call (see grad_sync_stats); resets the count.
-  grad_sync_stats take_stats() noexcept { return std::exchange(stats_, grad_sync_stats{}); }
+  grad_sync_stats take_stats() noexcept { return observer_.take_stats(); }
   void restore_orders(std::vector<bucket_order> orders) {
     reduction_.restore_orders(std::move(orders));
   }
@@ -208,19 +189,13 @@ private:
   void mark_ready(std::size_t index);
 
   bucketed_reduction reduction_;
-  // The trace of the step in flight, read once as it begins (null: not traced), so that a step
-  // is traced whole or not at all whatever pause_trace / resume_trace do meanwhile.
-  trace_recorder* step_trace_ = nullptr;
-  // For the trace (only read when it is on): when the step began, and since when cohort's
-  // thread has been waiting for its next bucket's gradients.
-  std::uint64_t step_began_ = 0; // trace_ticks, when traced
+  // Watches the steps: their statistics and their trace (the trace of the step in flight is
+  // read once as it begins, so that a step is traced whole or not at all whatever pause_trace /
+  // resume_trace do meanwhile). Told by the caller's thread, and by cohort's in reduce_bucket
+  // while a step is in flight (the caller reads the statistics only after finish has waited for
+  // that thread).
+  step_observer observer_;
   profiler_range step_range_;    // an overlapped step's, from begin to finish (or abandon)
-  std::uint64_t reducer_idle_since_ = 0;
-  // A carried blocking step's pack start, pack end and agreement end (trace_ticks, when traced).
-  std::array<std::uint64_t, 3> carried_phases_{};
-  // Counted by the caller's thread, and by cohort's in reduce_bucket while a step is in flight
-  // (the caller reads it only after finish has waited for that thread).
-  grad_sync_stats stats_;
   std::uint64_t step_bytes_ = 0; // of the step in flight
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_; // the slots' names: a parameter's name may be a temporary

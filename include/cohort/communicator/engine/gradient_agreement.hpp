@@ -7,8 +7,9 @@
 // rank throws. The check and what it may carry (a small step's one packed bucket) are separate
 // from the throwing, and the step's parameters travel as one struct.
 
-#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/liveness.hpp>
+#include <cohort/communicator/engine/slots.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reduce_op.hpp>
@@ -65,7 +66,7 @@ COHORT_DECL std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots
                                                 reduction_mode mode,
                                                 const reduction_table& plan_of);
 
-COHORT_DECL std::vector<detail::signature_entry>
+COHORT_DECL std::vector<engine::signature_entry>
 describe_reduction_plan(std::span<const grad_slot> slots, const reduction_table& plan_of);
 
 //! The ranks agree on `step`'s layout, plan and mode, and whether each found a problem; a

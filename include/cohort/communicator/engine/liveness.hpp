@@ -187,6 +187,10 @@ private:
     std::vector<std::byte> incoming;
   };
 
+  // One rendezvous's messages, on this rank: its header and carried bytes, combined with what
+  // each peer of the recursive doubling sent (liveness.ipp).
+  class round;
+
   // allreduce_max and allreduce_max_carrying (`data` null: nothing carried; never written).
   COHORT_DECL const std::byte* rendezvous(waiter who, std::uint64_t* values, std::size_t n,
                                           const char* operation, std::uint64_t sequence,

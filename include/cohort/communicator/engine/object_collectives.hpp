@@ -5,7 +5,7 @@
 // A serialization that fails on one rank would leave the others inside the collective: after
 // the ranks agreed, a failure ends the job.
 
-#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/checks.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/operation.hpp>

@@ -6,8 +6,9 @@
 // place, so that no copy of the model is made. The layout (names and type-erased values) is read
 // by the templated front door; what follows is compiled once.
 
-#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/checks.hpp>
+#include <cohort/communicator/engine/slots.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/kernels/host.hpp>
@@ -50,7 +51,7 @@ struct parameter_layout {
   //! another memory takes another path, and must meet a mismatch_error, not another collective.
   std::uint64_t fingerprint_for(int root) const;
 
-  std::vector<detail::signature_entry> describe() const;
+  std::vector<engine::signature_entry> describe() const;
 };
 
 //! Whether any parameter's value is in device or managed memory, by its type's (or its

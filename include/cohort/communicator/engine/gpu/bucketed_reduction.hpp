@@ -6,9 +6,10 @@
     "<cohort/communicator/engine/gpu/bucketed_reduction.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
-#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/communicator/engine/bucketed_reduction.hpp>
+#include <cohort/communicator/engine/slots.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>

@@ -13,7 +13,7 @@ namespace engine {
 COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_slot> slots,
                                                            const reduction_table& reduction) {
   detail::fingerprint f;
-  f.add(detail::slots_fingerprint(slots));
+  f.add(engine::slots_fingerprint(slots));
   for (const dtype type : all_dtypes) {
     const grad_reduction& plan = reduction(type);
     f.add(static_cast<std::uint64_t>(plan.wire))
@@ -108,16 +108,16 @@ COHORT_DECL void bucketed_reduction::own_buffers() {
   }
 }
 
-COHORT_DECL std::vector<detail::signature_entry>
+COHORT_DECL std::vector<engine::signature_entry>
 bucketed_reduction::describe_bucket(std::size_t b, std::span<const grad_slot> slots) const {
   const bucket_plan& plan = current_->plan;
   const bucket& k = plan.buckets()[b];
   std::string members;
   for (const std::size_t s : plan.members(k)) {
-    members += (members.empty() ? "" : ", ") + detail::slot_label(slots[s]);
+    members += (members.empty() ? "" : ", ") + engine::slot_label(slots[s]);
   }
   return {{"bucket " + std::to_string(b) + " of " + std::to_string(plan.buckets().size()),
-           detail::describe_tensor(k.count, k.plan.wire) + " on the wire, " +
+           engine::describe_tensor(k.count, k.plan.wire) + " on the wire, " +
                (k.in_place ? "in place" : "packed") + " from " + members}};
 }
 

@@ -28,7 +28,7 @@ COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype t
   settle(
       operation, f.value(),
       [&] {
-        std::string described = detail::describe_tensor(count, type);
+        std::string described = engine::describe_tensor(count, type);
         if (!detail_name.empty()) {
           described +=
               " (" + std::string(detail_name) + " " +
@@ -36,7 +36,7 @@ COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype t
                                    : std::to_string(detail_value)) +
               ")";
         }
-        return std::vector<detail::signature_entry>{{"the tensor", described}};
+        return std::vector<engine::signature_entry>{{"the tensor", described}};
       },
       problem, count * size_of(type));
 }
@@ -60,14 +60,14 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
   {
     // A rank whose arguments failed its own checks carries nothing (its view may be anything).
     const tensor_view carried = problem.empty() ? data : tensor_view{};
-    reduced = detail::require_agreement_carrying(
+    reduced = engine::require_agreement_carrying(
         *live_, waiter::caller, operation, sequence, f.value(),
         [&] {
           if (!problem.empty()) {
-            return std::vector<detail::signature_entry>{{"the call", "failed (" + problem + ")"}};
+            return std::vector<engine::signature_entry>{{"the call", "failed (" + problem + ")"}};
           }
-          return std::vector<detail::signature_entry>{
-              {"the tensor", detail::describe_tensor(data.count, data.type) + " (op " +
+          return std::vector<engine::signature_entry>{
+              {"the tensor", engine::describe_tensor(data.count, data.type) + " (op " +
                                  std::string(to_string(op)) + ")"}};
         },
         carried, op);
@@ -88,7 +88,7 @@ COHORT_DECL void checks::agree_root(const char* operation, int root) const {
   settle(
       operation, f.value(),
       [&] {
-        return std::vector<detail::signature_entry>{{"the root", std::to_string(root)}};
+        return std::vector<engine::signature_entry>{{"the root", std::to_string(root)}};
       },
       problem);
 }
@@ -140,9 +140,9 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
     f.add(name).add(value);
   }
   f.add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
-  detail::require_agreement(*live_, waiter::caller, "communicator creation",
+  engine::require_agreement(*live_, waiter::caller, "communicator creation",
                             live_->next_sequence(waiter::caller), f.value(), [&] {
-                              std::vector<detail::signature_entry> described;
+                              std::vector<engine::signature_entry> described;
                               if (!problem.empty()) {
                                 described.push_back({"the call", "failed (" + problem + ")"});
                               }

@@ -11,82 +11,38 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
-// The host packer, each call a span of the trace when it is on (one branch when off).
-struct traced_host_packer {
-  static constexpr memory_location where = memory_location::host;
-  trace_recorder* trace = nullptr;
-  trace_thread thread = trace_thread::trainer;
-  std::int64_t bucket = -1;
-
-  void scale(tensor_view data, double factor) const {
-    const trace_span span(trace, "scale", thread, data.size_bytes(), bucket);
-    bucketed_reduction::host_packer{}.scale(data, factor);
-  }
-  void pack(std::span<const const_tensor_view> sources, tensor_view buffer, double factor) const {
-    const trace_span span(trace, "pack", thread, buffer.size_bytes(), bucket);
-    bucketed_reduction::host_packer{}.pack(sources, buffer, factor);
-  }
-  void unpack(const_tensor_view buffer, std::span<const tensor_view> targets, double factor) const {
-    const trace_span span(trace, "unpack", thread, buffer.size_bytes(), bucket);
-    bucketed_reduction::host_packer{}.unpack(buffer, targets, factor);
-  }
-};
-
-// Bucket `b`'s exchange through strategy `s`, a span of the trace when it is on.
-inline auto traced_exchange(const strategy_ref& s, trace_recorder* trace, trace_thread thread,
-                            std::size_t b) {
-  return [&s, trace, thread, b](tensor_view packed, reduce_op op) {
-    const trace_span span(trace, "reduce", thread, packed.size_bytes(),
-                          static_cast<std::int64_t>(b));
-    s.exchange(s.self, packed, op);
-  };
-}
-
 COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref& s,
                                             const reduction_table& table, missing_grad missing,
                                             std::string problem) {
   const profiler_range step("allreduce_grad (blocking)");
-  const auto start = std::chrono::steady_clock::now();
-  step_trace_ = c.trace(); // (a pause or resume takes effect at the next step)
-  const std::uint64_t began = step_trace_ != nullptr ? trace_ticks::now() : 0;
+  observer_.step_began(c.trace()); // (a pause or resume takes effect at the next step)
   const bool carried = validate(c, s, table, missing, reduction_mode::blocking, std::move(problem));
   const auto watch = c.watch_transfer("allreduce_grad", c.live().bytes(waiter::caller));
-  const auto reducing = std::chrono::steady_clock::now();
-  trace_recorder* const trace = step_trace_;
+  observer_.reducing_began();
   c.fatal_on_failure("allreduce_grad", [&] {
     const std::span<const grad_slot> slots(slots_);
-    if (carried) { // its one bucket was reduced in the agreement (traced as one event, below)
-      reduction_.unpack_shared(0, slots, traced_host_packer{nullptr, trace_thread::trainer, 0});
-      ++stats_.buckets;
-      ++stats_.carried;
+    if (carried) { // its one bucket was reduced in the agreement (traced as one event)
+      reduction_.unpack_shared(0, slots, observer_.untraced_packer());
+      observer_.buckets_reduced(1, /*carried=*/true);
       return;
     }
     if (s.device()) {
-      const trace_span span(trace, "reduce (enqueued on the device)", trace_thread::trainer,
-                            step_bytes_);
+      const trace_span span(observer_.trace(), "reduce (enqueued on the device)",
+                            trace_thread::trainer, step_bytes_);
       s.reduce_all(s.self, slots, table);
-      stats_.buckets += s.device_buckets != nullptr ? s.device_buckets(s.self) : 0;
+      observer_.buckets_reduced(s.device_buckets != nullptr ? s.device_buckets(s.self) : 0);
       return;
     }
     const std::size_t buckets = reduction_.plan().buckets().size();
     for (std::size_t b = 0; b < buckets; ++b) {
       reduction_.reduce_bucket(
-          b, slots, traced_exchange(s, trace, trace_thread::trainer, b), /*own_buffer=*/false,
-          traced_host_packer{trace, trace_thread::trainer, static_cast<std::int64_t>(b)});
+          b, slots, observer_.exchange(s, trace_thread::trainer, b),
+          /*own_buffer=*/false,
+          observer_.packer(trace_thread::trainer, static_cast<std::int64_t>(b)));
     }
-    stats_.buckets += buckets;
+    observer_.buckets_reduced(buckets);
   });
-  const auto end = std::chrono::steady_clock::now();
-  if (trace != nullptr && carried) {
-    trace->carried_step(began, carried_phases_, trace_ticks::now(), step_bytes_);
-  } else if (trace != nullptr) {
-    trace->span("allreduce_grad", trace_thread::trainer, began, trace_ticks::now(), step_bytes_, -1,
-                "blocking");
-  }
-  stats_.reducing += end - reducing;
-  stats_.exposed += end - start;
-  stats_.bytes += step_bytes_;
-  ++stats_.steps;
+  observer_.blocking_step_ended(step_bytes_, carried);
 }
 
 COHORT_DECL void grad_sync::require_overlap_possible(const checks& c, const void* owner) {
@@ -104,19 +60,14 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
                                   const reduction_table& table, missing_grad missing,
                                   const void* owner, std::string problem) {
   step_range_.open("allreduce_grad (overlapped)");
-  step_trace_ = c.trace(); // (a pause or resume takes effect at the next step)
-  if (step_trace_ != nullptr) {
-    step_began_ = trace_ticks::now();
-  }
+  observer_.step_began(c.trace()); // (a pause or resume takes effect at the next step)
   try {
     validate(c, s, table, missing, reduction_mode::overlapped, std::move(problem));
   } catch (...) {
     step_range_.close(); // no step began
     throw;
   }
-  if (step_trace_ != nullptr) {
-    reducer_idle_since_ = trace_ticks::now();
-  }
+  observer_.overlapped_step_began();
   checks_ = &c;
   world_ = world;
   strategy_ = s;
@@ -160,8 +111,8 @@ COHORT_DECL void grad_sync::mark_reread(std::size_t index, const grad_slot& now)
     grad_slot changed = now;
     changed.name = then.name;
     report("cohort: grad_ready on rank " + std::to_string(checks_->rank()) + ": " +
-           detail::slot_label(then) + " had " + detail::slot_description(then) +
-           " when the reduction began, and now has " + detail::slot_description(changed));
+           engine::slot_label(then) + " had " + engine::slot_description(then) +
+           " when the reduction began, and now has " + engine::slot_description(changed));
     return;
   }
   then.grad = now.grad;
@@ -182,7 +133,7 @@ COHORT_DECL void grad_sync::mark_rest_ready() {
 
 COHORT_DECL void grad_sync::finish() {
   detail::operation_scope scope("allreduce_grad");
-  const auto start = std::chrono::steady_clock::now();
+  observer_.waiting_began();
   struct done_on_exit {
     grad_sync& g;
     ~done_on_exit() {
@@ -198,7 +149,6 @@ COHORT_DECL void grad_sync::finish() {
   } done{*this};
   const checks& c = *checks_;
   const profiler_range waiting("wait");
-  const std::uint64_t waiting_since = step_trace_ != nullptr ? trace_ticks::now() : 0;
   // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
   worker_->wait();
   // A problem found after the last bucket left (a gradient marked twice, say): an error on
@@ -212,17 +162,7 @@ COHORT_DECL void grad_sync::finish() {
   if (reduction_.learning() && abandoned_from_.load() == none) {
     learn_order(c);
   }
-  const auto end = std::chrono::steady_clock::now();
-  stats_.exposed += end - start;
-  stats_.bytes += step_bytes_;
-  ++stats_.steps;
-  if (trace_recorder* const trace = step_trace_) {
-    const std::uint64_t now = trace_ticks::now();
-    trace->span("wait", trace_thread::trainer, waiting_since, now, step_bytes_, -1,
-                "allreduce_grad (end of the step)");
-    trace->span("allreduce_grad", trace_thread::trainer, step_began_, now, step_bytes_, -1,
-                "overlapped");
-  }
+  observer_.overlapped_step_ended(step_bytes_);
 }
 
 COHORT_DECL void grad_sync::abandon(std::string_view why) noexcept {
@@ -271,20 +211,7 @@ COHORT_DECL void grad_sync::require_no_pending(const checks& c, std::string_view
 COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   const checks& c = *checks_;
   const bucket& k = reduction_.plan().buckets()[b];
-  trace_recorder* const trace = step_trace_;
-  if (trace != nullptr) {
-    trace->span("wait for readiness", trace_thread::reducer, reducer_idle_since_,
-                trace_ticks::now(), k.count * size_of(k.plan.wire), static_cast<std::int64_t>(b));
-  }
-  struct idle_from_return {
-    trace_recorder* trace;
-    std::uint64_t& since;
-    ~idle_from_return() {
-      if (trace != nullptr) {
-        since = trace_ticks::now();
-      }
-    }
-  } idle{trace, reducer_idle_since_};
+  const auto busy = observer_.bucket_taken(b, k.count * size_of(k.plan.wire));
   if (c.options().check_agreement) {
     std::string problem = problem_flag_.load(std::memory_order_acquire) ? problem_ : std::string();
     detail::fingerprint f;
@@ -300,13 +227,12 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
                                       waiter::reducer);
   const auto start = std::chrono::steady_clock::now();
   c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
-    reduction_.reduce_bucket(
-        b, std::span<const grad_slot>(slots_),
-        traced_exchange(strategy_, trace, trace_thread::reducer, b), /*own_buffer=*/true,
-        traced_host_packer{trace, trace_thread::reducer, static_cast<std::int64_t>(b)});
+    reduction_.reduce_bucket(b, std::span<const grad_slot>(slots_),
+                             observer_.exchange(strategy_, trace_thread::reducer, b),
+                             /*own_buffer=*/true,
+                             observer_.packer(trace_thread::reducer, static_cast<std::int64_t>(b)));
   });
-  stats_.reducing += std::chrono::steady_clock::now() - start;
-  ++stats_.buckets;
+  observer_.bucket_reduced(std::chrono::steady_clock::now() - start);
 }
 
 COHORT_DECL void grad_sync::learn_order(const checks& c) {
@@ -345,7 +271,7 @@ COHORT_DECL void grad_sync::mark_ready(std::size_t index) {
   } else if (!problem.empty()) {
     report("cohort: grad_ready on rank " + std::to_string(checks_->rank()) + ": " +
            (index < slots_.size()
-                ? detail::slot_label(slots_[index]) + " (#" + std::to_string(index) + ") "
+                ? engine::slot_label(slots_[index]) + " (#" + std::to_string(index) + ") "
                 : std::string()) +
            problem);
   }

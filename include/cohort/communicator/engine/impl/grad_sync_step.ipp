@@ -64,10 +64,8 @@ COHORT_DECL carried_bucket grad_sync::pack_carried(const checks& c, const strate
     return {};
   }
   try {
-    carried_phases_[0] = step_trace_ != nullptr ? trace_ticks::now() : 0;
-    return {
-        reduction_.pack_shared(0, slots_, traced_host_packer{nullptr, trace_thread::trainer, 0}),
-        k.plan.op};
+    observer_.carried_packing();
+    return {reduction_.pack_shared(0, slots_, observer_.untraced_packer()), k.plan.op};
   } catch (const std::exception&) {
     return {}; // reduced the usual way after the agreement
   }
@@ -92,25 +90,13 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
                            .plan_of = table,
                            .missing = missing,
                            .problem = problem};
-  trace_recorder* const trace = step_trace_;
-  carried_phases_[1] = carrying && trace != nullptr ? trace_ticks::now() : 0;
   bool reduced = false;
   if (c.options().check_agreement) {
-    const trace_span span(carrying ? nullptr : trace, "agreement", trace_thread::trainer, 0, -1,
-                          "allreduce_grad");
+    const trace_span span = observer_.agreement(carrying);
     reduced = agree_on_gradients(c.live(), waiter::caller, step, carried);
   }
   require_usable_gradients(c.rank(), step);
-  if (carrying && trace != nullptr) {
-    // Traced by hand: if the agreement carried it, the whole step is one event.
-    carried_phases_[2] = trace_ticks::now();
-    if (!reduced) { // the ranks did not all carry it: its pack and agreement as they went
-      trace->span("pack", trace_thread::trainer, carried_phases_[0], carried_phases_[1],
-                  carried.data.size_bytes(), 0);
-      trace->span("agreement", trace_thread::trainer, carried_phases_[1], carried_phases_[2], 0, -1,
-                  "allreduce_grad");
-    }
-  }
+  observer_.agreement_ended(carried.data, reduced);
   return reduced;
 }
 

@@ -22,7 +22,7 @@ COHORT_DECL std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots
                                                 const reduction_table& plan_of) {
   detail::fingerprint f;
   f.add(to_string(mode));
-  const unsigned present = detail::present_dtypes(slots);
+  const unsigned present = engine::present_dtypes(slots);
   for (std::size_t d = 0; d < dtype_count; ++d) {
     if ((present & (1u << d)) != 0) {
       const grad_reduction plan = plan_of(all_dtypes[d]);
@@ -36,15 +36,15 @@ COHORT_DECL std::uint64_t reduction_fingerprint(std::span<const grad_slot> slots
   return f.value();
 }
 
-COHORT_DECL std::vector<detail::signature_entry>
+COHORT_DECL std::vector<engine::signature_entry>
 describe_reduction_plan(std::span<const grad_slot> slots, const reduction_table& plan_of) {
-  std::vector<detail::signature_entry> entries;
-  const unsigned present = detail::present_dtypes(slots);
+  std::vector<engine::signature_entry> entries;
+  const unsigned present = engine::present_dtypes(slots);
   for (std::size_t d = 0; d < dtype_count; ++d) {
     if ((present & (1u << d)) != 0) {
       entries.push_back(
           {"the reducer's plan for " + std::string(to_string(all_dtypes[d])) + " gradients",
-           detail::describe_reduction(plan_of(all_dtypes[d]))});
+           engine::describe_reduction(plan_of(all_dtypes[d]))});
     }
   }
   return entries;
@@ -54,11 +54,11 @@ COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_s
                                     carried_bucket carried) {
   const std::span<const grad_slot> slots = step.slots;
   detail::fingerprint f;
-  f.add(detail::slots_fingerprint(slots))
+  f.add(engine::slots_fingerprint(slots))
       .add(static_cast<std::uint64_t>(step.problem.empty() ? 0 : 1));
   f.add(to_string(step.mode));
   const auto describe_layout = [&] {
-    std::vector<detail::signature_entry> entries;
+    std::vector<engine::signature_entry> entries;
     entries.reserve(slots.size() + 2);
     if (!step.problem.empty()) {
       entries.push_back({"the call", "failed (" + std::string(step.problem) + ")"});
@@ -68,7 +68,7 @@ COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_s
       entries.push_back({"the reduction", std::string(to_string(step.mode))});
     }
     for (const auto& slot : slots) {
-      entries.push_back({detail::slot_label(slot), detail::slot_description(slot)});
+      entries.push_back({engine::slot_label(slot), engine::slot_description(slot)});
     }
     return entries;
   };
@@ -79,7 +79,7 @@ COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_s
   const auto plan = std::pair<std::uint64_t, decltype(describe_plan)&>(
       reduction_fingerprint(slots, step.mode, step.plan_of), describe_plan);
   // (Nothing carried: the rendezvous only agrees, and says nothing was reduced.)
-  return detail::require_agreement_carrying_of(live, who, step.operation, step.sequence,
+  return engine::require_agreement_carrying_of(live, who, step.operation, step.sequence,
                                                carried.data, carried.op, layout, plan);
 }
 
@@ -93,8 +93,8 @@ COHORT_DECL void require_usable_gradients(int rank, const gradient_step& step) {
       continue;
     }
     std::string message = "cohort: " + std::string(step.operation) + ": " +
-                          detail::slot_label(slot) + " (#" + std::to_string(i) + ") on rank " +
-                          std::to_string(rank) + " has " + detail::slot_description(slot);
+                          engine::slot_label(slot) + " (#" + std::to_string(i) + ") on rank " +
+                          std::to_string(rank) + " has " + engine::slot_description(slot);
     if (slot.state == slot_state::missing) {
       message += step.missing == missing_grad::report
                      ? "; pass missing_grad::zero_fill to reduce a zero gradient for it"

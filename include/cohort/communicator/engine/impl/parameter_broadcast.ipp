@@ -69,14 +69,14 @@ COHORT_DECL std::uint64_t parameter_layout::fingerprint_for(int root) const {
   return f.value();
 }
 
-COHORT_DECL std::vector<detail::signature_entry> parameter_layout::describe() const {
-  std::vector<detail::signature_entry> described;
+COHORT_DECL std::vector<engine::signature_entry> parameter_layout::describe() const {
+  std::vector<engine::signature_entry> described;
   for (std::size_t i = 0; i < values.size(); ++i) {
     // Host memory goes unsaid: it is the usual, and the messages keep their shape.
     const bool host = values[i].location == memory_location::host;
     described.push_back(
         {"parameter '" + names[i] + "'",
-         "a value of " + detail::describe_tensor(values[i].count, values[i].type) +
+         "a value of " + engine::describe_tensor(values[i].count, values[i].type) +
              (host ? "" : " in " + std::string(to_string(values[i].location)) + " memory")});
   }
   return described;

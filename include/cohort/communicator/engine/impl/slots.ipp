@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What gradients.hpp declares and does not define inline: in every translation unit by default,
+// What engine/slots.hpp declares and does not define inline: in every translation unit by default,
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/gradients.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
+#include <cohort/communicator/engine/slots.hpp>
+#include <cohort/detail/fingerprint.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 COHORT_DECL std::string slot_label(const grad_slot& slot) {
   return "parameter '" + std::string(slot.name) + "'";
@@ -31,7 +33,7 @@ COHORT_DECL std::string slot_description(const grad_slot& slot) {
 }
 
 COHORT_DECL std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
-  fingerprint f;
+  detail::fingerprint f;
   f.add(slots.size());
   for (const auto& slot : slots) {
     f.add(slot.name)
@@ -55,6 +57,6 @@ COHORT_DECL std::string describe_reduction(const grad_reduction& plan) {
          number(plan.post_scale) + " after";
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

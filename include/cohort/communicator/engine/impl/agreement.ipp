@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What agreement.hpp declares and does not define inline: in every translation unit by default,
-// compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
+// What engine/agreement.hpp declares and does not define inline: in every translation unit by
+// default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
-#include <cohort/communicator/agreement.hpp>
+#include <cohort/communicator/engine/agreement.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-namespace detail {
+namespace engine {
 
 COHORT_DECL std::vector<std::vector<signature_entry>>
 gather_descriptions(MPI_Comm comm, const std::vector<signature_entry>& mine) {
@@ -101,6 +101,6 @@ COHORT_DECL std::string describe_tensor(std::size_t count, dtype type) {
   return std::to_string(count) + " " + std::string(to_string(type)) + " elements";
 }
 
-} // namespace detail
+} // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

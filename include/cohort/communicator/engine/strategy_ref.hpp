@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// How the engine sees a strategy: a pointer to it and a few function pointers, built from the
+// strategy's hooks at compile time (strategy_access.hpp). The engine is compiled once, whatever
+// the strategy.
+
+#include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/communicator/gradients.hpp>
+#include <cohort/reduce_op.hpp>
+#include <cohort/reducer/concepts.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace engine {
+
+//! What the engine needs of a strategy, type-erased: for a host strategy, how one packed bucket
+//! is exchanged (and, optionally, what its exchange allocates before the ranks agree); for a
+//! device strategy, how all the gradients are reduced in one call (and, optionally, what it
+//! allocates and refuses before the ranks agree). One indirect call per bucket, beside a
+//! collective of up to `bucket_bytes`.
+struct strategy_ref {
+  void* self = nullptr;
+  void (*exchange)(void*, tensor_view, reduce_op) = nullptr;
+  void (*prepare)(void*, const bucket&) = nullptr;
+  void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
+  void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
+  // Collectives a device strategy's `reduce_all` ran in its last call (`device_bucket_count()`),
+  // for grad_sync_stats; null when it does not say.
+  std::size_t (*device_buckets)(const void*) = nullptr;
+  // `exchange` is an all-reduce over every rank (`static constexpr bool exchange_is_allreduce`):
+  // a blocking step of one small bucket may then travel in the step's agreement.
+  bool exchange_is_allreduce = false;
+
+  bool device() const noexcept { return reduce_all != nullptr; }
+};
+
+} // namespace engine
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
