@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "support/allocation_counter.hpp"
@@ -265,6 +266,12 @@ BOOST_AUTO_TEST_CASE(a_set_that_is_not_random_access_is_read_again_where_it_live
   BOOST_CHECK_EXCEPTION(request.wait(), cohort::error,
                         message_has({"parameter 't1'", "now has a gradient of 2 float64"}));
 }
+
+// A parameter_source refers to its set: one made of a temporary set would dangle.
+static_assert(std::is_constructible_v<cohort::parameter_source,
+                                      std::vector<cohort::parameter_ref<cohort::tensor_view>>&>);
+static_assert(!std::is_constructible_v<cohort::parameter_source,
+                                       std::vector<cohort::parameter_ref<cohort::tensor_view>>&&>);
 
 BOOST_AUTO_TEST_CASE(a_set_erased_once_reduces_as_its_own_type) {
   // The optimizer wrapper's path: the set's type erased into a parameter_source, read by the

@@ -132,17 +132,19 @@ public:
   //! agreed to run it, ends the job with a message naming the rank and the cause.
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
-    allreduce_grad(parameter_source(params), reducer, options);
+    // (Read directly: a blocking step reads a set once, and needs none of what parameter_source
+    // instantiates for grad_ready.)
+    reduce_blocking(reducer, options, [&](std::vector<grad_slot>& slots, auto& names) {
+      collect_gradients(params, options.missing, slots, names);
+    });
   }
   //! The same, for a set whose type is erased (see parameter_source).
   template <reducer Reducer>
   void allreduce_grad(const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options = {}) {
-    detail::operation_scope scope("allreduce_grad");
-    sync_->require_no_pending(checks(), "allreduce_grad", nullptr);
-    params.collect(options.missing, sync_->slots(), sync_->names());
-    sync_->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
-                           local_problem());
+    reduce_blocking(reducer, options, [&](std::vector<grad_slot>& slots, auto& names) {
+      params.collect(options.missing, slots, names);
+    });
   }
 
   // ---- gradients reduced while backward runs ------------------------------------------------
@@ -371,6 +373,16 @@ private:
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
 
   engine::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
+
+  // allreduce_grad, once `collect` has read the set into the engine's slots.
+  template <reducer Reducer, class Collect>
+  void reduce_blocking(const Reducer& reducer, grad_sync_options options, Collect&& collect) {
+    detail::operation_scope scope("allreduce_grad");
+    sync_->require_no_pending(checks(), "allreduce_grad", nullptr);
+    collect(sync_->slots(), sync_->names());
+    sync_->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
+                           local_problem());
+  }
 
   // What this rank's own checks find in the slots read: memory the strategy cannot reduce.
   // Agreed on with the layout, so that it is an error on every rank.

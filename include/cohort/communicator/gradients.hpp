@@ -159,6 +159,9 @@ public:
   explicit parameter_source(Params& params) noexcept
       : set_(const_cast<void*>(static_cast<const void*>(std::addressof(params))))
       , operations_(&operations_of<Params>) {}
+  //! Refers to the set: a temporary would be gone before it is read.
+  template <class Params>
+  parameter_source(const Params&&) = delete;
 
   //! Reads every parameter's gradient into `slots`, their names into `names` (collect_gradients).
   void collect(missing_grad missing, std::vector<grad_slot>& slots,

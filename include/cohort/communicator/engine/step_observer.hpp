@@ -126,14 +126,15 @@ public:
     step_ended(end, bytes);
   }
 
-  //! An overlapped step has been checked and begun: cohort's thread waits for its first bucket.
-  void overlapped_step_began() noexcept { reducer_idle_since_ = now(); }
+  //! An overlapped step has been checked and begun: cohort's thread waits for its first bucket
+  //! (from here on, until finish, that thread owns `reducer_idle_since_`).
+  void overlapped_step_began() noexcept { reducer_idle(); }
 
-  //! The caller waits for the step's last buckets (at finish), since `since`.
-  void waiting_began() noexcept {
-    waiting_since_ = now();
-    started_ = clock::now();
-  }
+  //! The caller is at the end of an overlapped step (finish): what it waits from here is the
+  //! step's exposed time.
+  void step_ending() noexcept { started_ = clock::now(); }
+  //! The caller waits for the step's last buckets.
+  void waiting_began() noexcept { waiting_since_ = now(); }
 
   //! An overlapped step of `bytes` ends: the wait and the whole step are traced.
   void overlapped_step_ended(std::uint64_t bytes) {
@@ -157,7 +158,7 @@ public:
     }
     struct idle_from_return {
       step_observer& observer;
-      ~idle_from_return() { observer.overlapped_step_began(); }
+      ~idle_from_return() { observer.reducer_idle(); }
     };
     return idle_from_return{*this};
   }
@@ -173,6 +174,12 @@ public:
   grad_sync_stats take_stats() noexcept { return std::exchange(stats_, grad_sync_stats{}); }
 
 private:
+  void reducer_idle() noexcept {
+    if (trace_ != nullptr) {
+      reducer_idle_since_ = trace_ticks::now();
+    }
+  }
+
   std::uint64_t now() const noexcept { return trace_ != nullptr ? trace_ticks::now() : 0; }
 
   void step_ended(clock::time_point end, std::uint64_t bytes) noexcept {
@@ -181,6 +188,9 @@ private:
     ++stats_.steps;
   }
 
+  // The caller's thread writes every field, but while an overlapped step is in flight cohort's
+  // thread owns `reducer_idle_since_`, and writes `stats_.buckets` and `stats_.reducing` (the
+  // caller reads them only after finish has waited for that thread); `trace_` is only read then.
   trace_recorder* trace_ = nullptr; // the step in flight's, or null: not traced
   std::uint64_t began_ = 0;         // trace_ticks, when traced
   std::uint64_t reducer_idle_since_ = 0;

@@ -133,7 +133,7 @@ COHORT_DECL void grad_sync::mark_rest_ready() {
 
 COHORT_DECL void grad_sync::finish() {
   detail::operation_scope scope("allreduce_grad");
-  observer_.waiting_began();
+  observer_.step_ending();
   struct done_on_exit {
     grad_sync& g;
     ~done_on_exit() {
@@ -149,6 +149,7 @@ COHORT_DECL void grad_sync::finish() {
   } done{*this};
   const checks& c = *checks_;
   const profiler_range waiting("wait");
+  observer_.waiting_began();
   // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
   worker_->wait();
   // A problem found after the last bucket left (a gradient marked twice, say): an error on
