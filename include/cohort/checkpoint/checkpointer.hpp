@@ -113,7 +113,7 @@ public:
                              " that this run neither saved nor resumed from (another run's? "
                              "call resume first, or save into another directory)");
     }
-    auto job = std::make_unique<pending>();
+    auto job = std::make_unique<checkpoint::save_job>();
     job->step = step;
     job->rank = comm_.rank();
     job->ranks = comm_.size();
@@ -133,14 +133,15 @@ public:
         }
       }
     } catch (const std::exception& e) {
-      job->outcome = "rank " + std::to_string(comm_.rank()) + ": " + reason(e);
+      job->outcome = "rank " + std::to_string(comm_.rank()) + ": " + checkpoint::reason(e);
     }
     if (options_.async) {
       // Every rank returns here, even one whose state did not serialize: the ranks complete the
       // save together at the next call, where that failure is every rank's error.
       if (job->outcome.empty()) {
         try {
-          job->writer = std::thread([this, job = job.get()] { write_files(*job); });
+          job->writer = std::thread(
+              [this, job = job.get()] { job->write_files(directory_, options_.write); });
         } catch (const std::exception& e) { // std::system_error: no thread to be had
           job->outcome = "rank " + std::to_string(job->rank) + ": no writer thread: " + e.what();
         }
@@ -149,7 +150,7 @@ public:
       return;
     }
     if (job->outcome.empty()) {
-      write_files(*job);
+      job->write_files(directory_, options_.write);
     }
     complete(*job);
   }
@@ -160,7 +161,7 @@ public:
     if (!pending_) {
       return;
     }
-    const std::unique_ptr<pending> job = std::move(pending_);
+    const std::unique_ptr<checkpoint::save_job> job = std::move(pending_);
     if (job->writer.joinable()) {
       job->writer.join();
     }
@@ -231,11 +232,11 @@ public:
         files = checkpoint::verify_step(directory_, step, comm_.rank(), comm_.size(),
                                         options_.max_file_bytes, read_buffer_);
       } catch (const checkpoint_io_error& e) {
-        problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + reason(e);
+        problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + checkpoint::reason(e);
       } catch (const checkpoint_error& e) {
         problem = "damage: " + std::string(e.what());
       } catch (const std::exception& e) {
-        problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + reason(e);
+        problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + checkpoint::reason(e);
       }
       std::vector<std::string> problems = comm_.allgather_obj(problem);
       std::vector<std::string> faults;
@@ -283,7 +284,7 @@ public:
                                 (directory_ / step_name(step)).string(), step,
                                 {files->saved_ranks, comm_.size(), comm_.rank()}, state...);
       } catch (const std::exception& e) {
-        failure = "rank " + std::to_string(comm_.rank()) + ": " + reason(e);
+        failure = "rank " + std::to_string(comm_.rank()) + ": " + checkpoint::reason(e);
       }
       throw_failures(comm_.allgather_obj(failure), "resuming from step " + std::to_string(step));
       set_aside_newer_than(step);
@@ -314,13 +315,9 @@ public:
   static std::string step_name(std::uint64_t step) { return checkpoint::step_name(step); }
 
 private:
-  using pending = checkpoint::save_job;
-
-  void write_files(pending& job) const noexcept { job.write_files(directory_, options_.write); }
-
   // The collective end of a save: the ranks learn each other's outcome; if every rank wrote
   // its files and their replicated states are one, rank 0 writes the manifest, then prunes.
-  void complete(pending& job) {
+  void complete(checkpoint::save_job& job) {
     const int r = comm_.rank();
     const std::filesystem::path where = directory_ / step_name(job.step);
     const std::string doing = "saving step " + std::to_string(job.step);
@@ -343,7 +340,7 @@ private:
         write(where, std::string(checkpoint::manifest_name),
               {std::as_bytes(std::span(text.data(), text.size()))});
       } catch (const std::exception& e) {
-        written = "rank 0: " + reason(e);
+        written = "rank 0: " + checkpoint::reason(e);
         std::error_code ignored; // every rank is done with the directory: nothing half is left
         std::filesystem::remove_all(where, ignored);
       }
@@ -372,8 +369,6 @@ private:
     // Every rank's skipped() the same; and when resume returns, they are set aside.
     skipped_ = comm_.bcast_obj(skipped_);
   }
-
-  static std::string reason(const std::exception& e) { return checkpoint::reason(e); }
 
   // Kept for skipped(), and printed once (by rank 0).
   void note_skipped(std::string message) {
@@ -406,9 +401,9 @@ private:
   std::filesystem::path directory_;
   checkpoint_options options_;
   std::vector<std::string> skipped_;
-  std::optional<std::uint64_t> resumed_;    // the step the last resume loaded
-  std::optional<std::uint64_t> last_saved_; // the step of the last save completed
-  std::unique_ptr<pending> pending_;        // an asynchronous save in flight
+  std::optional<std::uint64_t> resumed_;          // the step the last resume loaded
+  std::optional<std::uint64_t> last_saved_;       // the step of the last save completed
+  std::unique_ptr<checkpoint::save_job> pending_; // an asynchronous save in flight
   std::array<checkpoint::kept_buffer, 3>
       spare_;                           // the copies of the last asynchronous save, to reuse
   checkpoint::kept_buffer read_buffer_; // the joined replicated state, during a resume

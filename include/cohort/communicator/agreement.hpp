@@ -8,19 +8,11 @@
 #include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/fingerprint.hpp>
-#include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
-#include <cohort/tensor/tensor_view.hpp>
-#include <cohort/transport/mpi.hpp>
-
-#include <mpi.h>
 
 #include <array>
-#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>

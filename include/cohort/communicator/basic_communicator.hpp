@@ -132,9 +132,7 @@ public:
   //! agreed to run it, ends the job with a message naming the rank and the cause.
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
-    // (Read directly: a blocking step reads a set once, and needs none of what parameter_source
-    // instantiates for grad_ready.)
-    reduce_blocking(reducer, options, [&](std::vector<grad_slot>& slots, auto& names) {
+    reduce_blocking(reducer, options, [&](auto& slots, auto& names) {
       collect_gradients(params, options.missing, slots, names);
     });
   }
@@ -142,7 +140,7 @@ public:
   template <reducer Reducer>
   void allreduce_grad(const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options = {}) {
-    reduce_blocking(reducer, options, [&](std::vector<grad_slot>& slots, auto& names) {
+    reduce_blocking(reducer, options, [&](auto& slots, auto& names) {
       params.collect(options.missing, slots, names);
     });
   }
@@ -374,7 +372,7 @@ private:
 
   engine::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
 
-  // allreduce_grad, once `collect` has read the set into the engine's slots.
+  // allreduce_grad, `collect` reading the set (a typed one directly: none of parameter_source).
   template <reducer Reducer, class Collect>
   void reduce_blocking(const Reducer& reducer, grad_sync_options options, Collect&& collect) {
     detail::operation_scope scope("allreduce_grad");
