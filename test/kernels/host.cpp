@@ -8,6 +8,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 using cohort::bfloat16;
@@ -123,6 +124,24 @@ BOOST_AUTO_TEST_CASE(scale_cast_and_reduce) {
         : op == cohort::reduce_op::min  ? std::vector<std::int64_t>{2, -3, -1}
                                         : std::vector<std::int64_t>{4, 7, 5};
     BOOST_TEST(x == expected, boost::test_tools::per_element());
+  }
+  // Issue 30: integers are combined exactly, as MPI does (through a double, an int64 past 2^53
+  // rounded: a fingerprint's {h, ~h} maxima, carried in an agreement, never matched).
+  {
+    const std::int64_t big = (std::int64_t{1} << 61) + 1;
+    std::vector<std::int64_t> x{big, -big, std::numeric_limits<std::int64_t>::max()};
+    const std::vector<std::int64_t> y{big - 2, 3, 1};
+    host::reduce(cohort::make_view(x), cohort::make_const_view(y), cohort::reduce_op::max);
+    BOOST_TEST(x == (std::vector<std::int64_t>{big, 3, std::numeric_limits<std::int64_t>::max()}),
+               boost::test_tools::per_element());
+    std::vector<std::int64_t> s{big};
+    host::reduce(cohort::make_view(s), cohort::make_const_view(std::vector<std::int64_t>{big}),
+                 cohort::reduce_op::sum);
+    BOOST_TEST(s[0] == 2 * big);
+    std::vector<std::uint8_t> u{250};
+    host::reduce(cohort::make_view(u), cohort::make_const_view(std::vector<std::uint8_t>{10}),
+                 cohort::reduce_op::sum);
+    BOOST_TEST(u[0] == 4); // wraps, as MPI's
   }
   std::vector<bfloat16> b{bfloat16(1.0f)};
   const std::vector<bfloat16> c{bfloat16(2.0f)};

@@ -80,12 +80,29 @@ struct scale_cast {
   }
 };
 
-//! The binary operation of a reduction, on the compute type of `T`.
+//! The binary operation of a reduction: on the compute type of a floating `T`; on the integer
+//! itself for an integer `T` (exact, as MPI's: through a double, an int64 past 2^53 would round,
+//! and a sum past the type's range would be undefined), a sum or product wrapping around in
+//! unsigned arithmetic as two's complement hardware does.
 template <class T>
 struct combine {
   reduce_op op;
 
   COHORT_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      switch (op) {
+      case reduce_op::sum:
+        return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+      case reduce_op::prod:
+        return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+      case reduce_op::min:
+        return b < a ? b : a;
+      case reduce_op::max:
+        return a < b ? b : a;
+      }
+      return a;
+    }
     using C = compute_t<T>;
     const C x = convert<C>(a);
     const C y = convert<C>(b);
