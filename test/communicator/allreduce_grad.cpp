@@ -495,6 +495,14 @@ BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
   BOOST_CHECK_EXCEPTION(
       cohort::make_communicator<cohort::flat>({.segment_bytes = 100}), cohort::invalid_argument,
       message_has({"communicator creation", "segment_bytes is 100 bytes", "at least 4096"}));
+  // Issue 30: a negative timeout, refused on every rank (a rank that threw alone would leave the
+  // others in the creation's collectives).
+  BOOST_CHECK_EXCEPTION(
+      cohort::make_communicator<cohort::flat>({.timeout = std::chrono::milliseconds(-1)}),
+      cohort::invalid_argument, message_has({"communicator creation", "timeout must be >= 0"}));
+  BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>(
+                            {.timeout = std::chrono::milliseconds(odd_one ? -1 : 60000)}),
+                        cohort::mismatch_error, message_has({"timeout", last_rank}));
   BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.check_agreement = !odd_one}),
                         cohort::mismatch_error,
                         message_has({"check_agreement", "true", "false", last_rank}));

@@ -314,6 +314,31 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(mismatched_sizes_throw_on_every_rank, Strategy, st
   }
   BOOST_CHECK_EXCEPTION(comm.bcast_obj(1, comm.rank() == last ? 1 : 0), cohort::mismatch_error,
                         message_has({"bcast_obj", "the root"}));
+  // Issue 30: an object of another type would be read as this one's bytes.
+  const auto other_type = [&] {
+    if (comm.rank() == last) {
+      (void)comm.bcast_obj(1.0f, 0);
+    } else {
+      (void)comm.bcast_obj(1, 0);
+    }
+  };
+  BOOST_CHECK_EXCEPTION(other_type(), cohort::mismatch_error,
+                        message_has({"bcast_obj", "the object's type", "int", "float"}));
+  const auto other_gather = [&] {
+    if (comm.rank() == last) {
+      (void)comm.allgather_obj(std::string("x"));
+    } else {
+      (void)comm.allgather_obj(1);
+    }
+  };
+  BOOST_CHECK_EXCEPTION(other_gather(), cohort::mismatch_error,
+                        message_has({"allgather_obj", "the object's type"}));
+  // Issue 30: a small int64 all-reduce (carried in the agreement) is exact past 2^53.
+  const std::int64_t big = (std::int64_t{1} << 61) + 2 * comm.rank() + 1;
+  std::array<std::int64_t, 2> extremes{big, ~big};
+  comm.allreduce(extremes, reduce_op::max);
+  BOOST_TEST(extremes[0] == (std::int64_t{1} << 61) + 2 * last + 1);
+  BOOST_TEST(extremes[1] == ~((std::int64_t{1} << 61) + 1));
   // After the errors, the communicator still works.
   std::vector<float> ok(3, 1.0f);
   comm.allreduce(ok);

@@ -420,3 +420,76 @@ BOOST_AUTO_TEST_CASE(grad_ready_from_many_threads_from_the_first_step) {
     }
   }
 }
+
+// Issue 30, point 1: a gradient that moved between grad_ready and step() (its vector replaced)
+// would never receive its reduced value: an error naming it on every rank, and the next step
+// reduces and steps as usual.
+BOOST_AUTO_TEST_CASE(a_gradient_moved_after_grad_ready_is_an_error_at_step_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size();
+  replica model(comm.rank());
+  cohort::distributed_optimizer opt{model.optimizer(), comm, model.params};
+  model.g1.assign(5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  opt.grad_ready(0);
+  opt.grad_ready(1);
+  std::vector<float> old; // keeps the buffer the reduction writes into alive
+  if (comm.rank() == n - 1) {
+    std::vector<float> fresh(model.g1.begin(), model.g1.end());
+    model.g1.swap(fresh);
+    old.swap(fresh);
+  }
+  BOOST_CHECK_EXCEPTION(opt.step(), cohort::error,
+                        message_has({"'w1'", "replaced after backward marked it ready",
+                                     "rank " + std::to_string(n - 1)}));
+  BOOST_TEST(opt.inner().steps == 0);
+  BOOST_TEST(!comm.grad_sync_pending());
+  model.g1.assign(5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  opt.grad_ready(1);
+  opt.grad_ready(0);
+  opt.step();
+  BOOST_TEST(opt.inner().steps == 1);
+  BOOST_TEST(model.g1 == std::vector<float>(5, 1.0f), boost::test_tools::per_element());
+}
+
+// Issue 30, point 1: the ranks agree on what becomes of an overlapped reduction's gradients. A
+// rank that drops them (skip_step) while the others step with them would part the replicas.
+BOOST_AUTO_TEST_CASE(dropping_the_reduced_gradients_on_one_rank_only_is_an_error_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() < 2) {
+    return;
+  }
+  replica model(comm.rank());
+  cohort::distributed_optimizer opt{model.optimizer(), comm, model.params};
+  model.g1.assign(5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  opt.grad_ready(0);
+  opt.grad_ready(1);
+  const auto ends = [&] { comm.rank() == 0 ? opt.skip_step() : opt.step(); };
+  BOOST_CHECK_EXCEPTION(
+      ends(), cohort::mismatch_error,
+      message_has({"the reduced gradients", "are dropped", "update the parameters"}));
+  BOOST_TEST(opt.inner().steps == 0);
+  BOOST_TEST(!comm.grad_sync_pending());
+}
+
+// Issue 30, point 8: a reduction that failed to start on every rank (a gradient of the wrong size
+// on one) fails that backward everywhere; the next backward starts afresh with no call between.
+BOOST_AUTO_TEST_CASE(after_a_start_that_failed_on_every_rank_the_next_backward_starts_afresh) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size();
+  replica model(comm.rank());
+  cohort::distributed_optimizer opt{model.optimizer(), comm, model.params};
+  model.g1.assign(comm.rank() == n - 1 ? 4 : 5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  BOOST_CHECK_EXCEPTION(opt.grad_ready(1), cohort::error, message_has({"w1"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  // The next backward (its hooks mark the same gradients again).
+  model.g1.assign(5, 1.0f);
+  opt.grad_ready(1);
+  opt.grad_ready(0);
+  opt.step();
+  BOOST_TEST(opt.inner().steps == 1);
+  BOOST_TEST(model.g1 == std::vector<float>(5, 1.0f), boost::test_tools::per_element());
+}

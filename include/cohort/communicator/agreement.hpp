@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Names every rank must hold alike (of metrics, say), compared as the engine compares what ranks
-// pass to a collective (engine/agreement.hpp): a fingerprint first, the descriptions only when
-// the fingerprints differ.
+// Names and settings every rank must hold alike (of metrics, an optimizer's options), compared as
+// the engine compares what ranks pass to a collective (engine/agreement.hpp): a fingerprint
+// first, the descriptions only when the fingerprints differ.
 
 #include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/fingerprint.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
+#include <cohort/tensor/std.hpp>
+
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/vector.hpp>
 
 #include <array>
 #include <cstdint>
@@ -61,6 +65,43 @@ std::vector<std::string> agree_on_names(Communicator& comm, std::vector<std::str
     }
   }
   return reference == all.size() ? std::move(names) : all[reference];
+}
+
+//! One setting every rank must hold alike: its name ("option 'patience'") and its value here.
+using setting = engine::signature_entry;
+
+//! Compares `settings` (an object's options, say) across the ranks of `comm`, as the engine
+//! compares what ranks pass to a collective: one 16-byte all-reduce of a fingerprint when they
+//! agree; otherwise every rank throws the same `mismatch_error` naming `operation`, the first
+//! setting that differs, both values and both ranks. Collective.
+template <class Communicator>
+void agree_on_settings(Communicator& comm, const std::vector<setting>& settings,
+                       const char* operation) {
+  detail::fingerprint f;
+  f.add(settings.size());
+  for (const setting& s : settings) {
+    f.add(s.label).add(s.description);
+  }
+  const auto hash = static_cast<std::int64_t>(f.value());
+  std::array<std::int64_t, 2> bounds = {hash, ~hash};
+  comm.allreduce(bounds, reduce_op::max);
+  if (bounds[0] == ~bounds[1]) {
+    return;
+  }
+  std::vector<std::string> flat;
+  flat.reserve(2 * settings.size());
+  for (const setting& s : settings) {
+    flat.push_back(s.label);
+    flat.push_back(s.description);
+  }
+  const auto all = comm.allgather_obj(flat);
+  std::vector<std::vector<setting>> described(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    for (std::size_t i = 0; i + 1 < all[r].size(); i += 2) {
+      described[r].push_back({all[r][i], all[r][i + 1]});
+    }
+  }
+  throw mismatch_error(engine::describe_mismatch(operation, described));
 }
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -317,8 +317,11 @@ public:
   void mark_all_ready() requires overlapping {
     call([](auto& c) { c.mark_all_ready(); });
   }
-  void wait_grad_sync() requires overlapping {
-    call([](auto& c) { c.wait_grad_sync(); });
+  void wait_grad_sync(step_end end = step_end::update) requires overlapping {
+    call([end](auto& c) { c.wait_grad_sync(end); });
+  }
+  void verify_grad_sync(std::span<const grad_slot> now) requires overlapping {
+    call([now](auto& c) { c.verify_grad_sync(now); });
   }
   bool grad_sync_pending() const noexcept {
     return read([](const auto& c) { return c.grad_sync_pending(); });

@@ -111,8 +111,6 @@ public:
     return Strategy(detail::adopt(split_comm(color, key)), options());
   }
 
-  // ---- parameters and gradients ------------------------------------------------------------
-
   //! Copies every parameter's value from `root` to every rank. The ranks first agree on the
   //! layout (names, sizes, dtypes) if the agreement check is on. Small values travel packed in
   //! a bucket's worth of bytes at a time, large ones in place, so no copy of the model is made.
@@ -240,15 +238,22 @@ public:
     sync_->mark_rest_ready();
   }
 
-  //! Marks the rest ready, and waits until every bucket is reduced. Collective. Rethrows the
-  //! first error on every rank (a gradient whose size changed on one rank throws everywhere).
-  void wait_grad_sync() {
+  //! Marks the rest ready, and waits until every bucket is reduced. Collective (the ranks agree
+  //! on `end` too). Rethrows the first error on every rank.
+  void wait_grad_sync(step_end end = step_end::update) {
     {
       const std::lock_guard lock(sync_->mutex());
       sync_->require_pending(checks(), "wait");
       sync_->mark_rest_ready();
     }
-    sync_->finish();
+    sync_->finish(end);
+  }
+
+  //! `now` (the gradients as they are) against the views the pending reduction uses: one replaced
+  //! since is an error naming it, on every rank, at the wait.
+  void verify_grad_sync(std::span<const grad_slot> now) {
+    const std::lock_guard lock(sync_->mutex());
+    sync_->verify_unmoved(now);
   }
 
   //! Ends a pending overlapped reduction without sending what was not marked ready: a rank must
@@ -284,13 +289,11 @@ public:
   }
 
   //! Counts the overlapped reductions begun so far (what tells a request its own one).
-  std::uint64_t grad_sync_generation() const noexcept {
-    return sync_ != nullptr ? sync_->generation() : 0;
-  }
+  std::uint64_t grad_sync_generation() const noexcept { return sync_ ? sync_->generation() : 0; }
 
   //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
   std::size_t bucket_buffer_bytes() const noexcept {
-    return sync_ != nullptr ? sync_->bucket_buffer_bytes() : 0;
+    return sync_ ? sync_->bucket_buffer_bytes() : 0;
   }
 
   //! Buckets (collectives) per step of the last layout reduced (a device strategy counts its own,
@@ -420,8 +423,8 @@ private:
       // Its elements are read where the set began's live: another set would be read as this one.
       throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
                              std::to_string(rank()) +
-                             ": this parameter set is not the one the reduction began with; "
-                             "give grad_ready that same set");
+                             ": this parameter set is not the one the "
+                             "reduction began with; give grad_ready that same set");
     }
     if (!sync_->needs_reread(index)) {
       sync_->mark(index);

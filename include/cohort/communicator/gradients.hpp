@@ -41,6 +41,14 @@ struct grad_sync_options {
   missing_grad missing = missing_grad::report;
 };
 
+//! What becomes of an overlapped reduction's gradients once it is waited for: the ranks compare it
+//! at the end of the step, so that a rank that drops them while another updates with them (and
+//! the replicas part) is an error on every rank.
+enum class step_end : unsigned char {
+  update, //!< an optimizer steps with them (step, synchronize)
+  discard //!< they are dropped (skip_step, zero_grad before a step)
+};
+
 //! Where a parameter's gradient stands when it is read for a reduction.
 enum class slot_state : unsigned char { ok, missing, wrong_size, not_contiguous };
 

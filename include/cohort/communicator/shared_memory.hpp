@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cohort/algorithm/window_allreduce.hpp>
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/engine/two_level.hpp>
 #include <cohort/communicator/links.hpp>
@@ -96,6 +97,8 @@ private:
 
   static std::unique_ptr<window_state> make_window(shared_memory& self, std::size_t bytes) {
     detail::require_equal_node_sizes(self, name); // before the window: it throws on every rank
+    // (Windows of other sizes would put the gradients at other offsets on each rank.)
+    agree_on_settings(self, {{"window_bytes", std::to_string(bytes)}}, "shared_memory");
     return std::make_unique<window_state>(std::make_shared<shared_arena>(
         self.grad_intra_comm(), algorithm::window_allreduce::header_bytes, bytes));
   }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -128,7 +129,7 @@ public:
     }
     if (!synchronized_.load(std::memory_order_relaxed)) {
       // After a start that failed (on every rank alike), a blocking reduction checks again.
-      start_failed_.store(false, std::memory_order_relaxed);
+      clear_failed_start();
       reduce();
     }
     synchronized_.store(false, std::memory_order_relaxed);
@@ -137,16 +138,17 @@ public:
 
   //! Ends this step without stepping the inner optimizer: after `synchronize()` when the update
   //! is skipped (non-finite gradients under a loss scaler, say), so that the next step starts
-  //! afresh. A reduction this optimizer's hooks began is finished first (collective). Horovod's
-  //! `skip_synchronize` for the case where the step itself is not taken.
+  //! afresh. A reduction this optimizer's hooks began is finished first (collective; the ranks
+  //! agree that its gradients are dropped: a rank that steps with them while another skips is an
+  //! error on every rank). Horovod's `skip_synchronize` for the case where the step is not taken.
   void skip_step() {
     if constexpr (overlapping_communicator<communicator_type>) {
       if (comm_->grad_sync_pending_for(this)) {
-        comm_->wait_grad_sync();
+        end_pending(step_end::discard);
       }
     }
     synchronized_.store(false, std::memory_order_relaxed);
-    start_failed_.store(false, std::memory_order_relaxed);
+    clear_failed_start();
   }
 
   //! Reduces the gradients across ranks without stepping: for gradient clipping or inspection
@@ -172,6 +174,13 @@ public:
   //! Ignored inside `no_sync()` and with double buffering (which reduces at `step()`). Throws
   //! `invalid_argument` after `synchronize()` (the step's gradients are reduced already) and while
   //! another optimizer's reduction is pending on the same communicator.
+  //!
+  //! From the first call until the step's end (`step()`, `skip_step()`), every gradient must
+  //! stay where it is: cohort's thread reads it and writes the reduced value back into the
+  //! memory it had when the reduction began (or when it was marked ready). A gradient that moved
+  //! by then (its tensor replaced or reallocated) is an error naming it on every rank at the
+  //! step; memory freed meanwhile is the caller's bug (LibTorch's adapter holds every tensor for
+  //! its caller).
   void grad_ready(std::size_t index) requires overlapping_communicator<communicator_type> {
     if (no_sync_depth_.load(std::memory_order_relaxed) != 0 || options_.double_buffering) {
       return;
@@ -182,9 +191,9 @@ public:
                              " after synchronize(): this step's gradients are reduced already; "
                              "step() before the next backward");
     }
-    if (start_failed_.load(std::memory_order_relaxed)) {
-      // Every rank's start failed alike; retrying it from each later hook would make each rank
-      // issue as many collectives as its autograd engine has hooks left.
+    if (start_failed_.load(std::memory_order_relaxed) && !failed_backward_over(index)) {
+      // Every rank's start failed alike; retrying it from each later hook of that backward would
+      // make each rank issue as many collectives as its autograd engine has hooks left.
       throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
                              std::to_string(comm_->rank()) +
                              ": this step's overlapped reduction failed to start (see the first "
@@ -194,6 +203,10 @@ public:
       comm_->grad_ready_for(this, params_, reducer_, grad_sync_options{options_.missing}, index);
     } catch (...) {
       if (!comm_->grad_sync_pending_for(this)) {
+        const std::lock_guard lock(failed_mutex_);
+        failed_marks_.clear();
+        failed_marks_.resize(index + 1, 0);
+        failed_marks_[index] = 1;
         start_failed_.store(true, std::memory_order_relaxed);
       }
       throw;
@@ -263,12 +276,41 @@ private:
   void reduce() {
     if constexpr (overlapping_communicator<communicator_type>) {
       if (comm_->grad_sync_pending_for(this)) {
-        comm_->wait_grad_sync();
+        end_pending(step_end::update);
         return;
       }
     }
     comm_->allreduce_grad(params_, reducer_, grad_sync_options{options_.missing});
   }
+
+  // Waits for this optimizer's overlapped reduction, once the gradients as they are now are
+  // compared with the memory it reads and writes (a gradient replaced since is an error on
+  // every rank at the wait).
+  void end_pending(step_end end) requires overlapping_communicator<communicator_type> {
+    if (!options_.double_buffering) { // (which reduces its own copies)
+      params_.collect(options_.missing, slots_, names_);
+      comm_->verify_grad_sync(std::span<const grad_slot>(slots_));
+    }
+    comm_->wait_grad_sync(end);
+  }
+
+  // Whether grad_ready(index) after a failed start belongs to a new backward, the failed one
+  // being over: its gradient was marked since the failure already (each backward marks each
+  // gradient once). The step that failed on every rank is then over, with no call between.
+  bool failed_backward_over(std::size_t index) {
+    const std::lock_guard lock(failed_mutex_);
+    if (index >= failed_marks_.size()) {
+      failed_marks_.resize(index + 1, 0);
+    }
+    if (failed_marks_[index] == 0) {
+      failed_marks_[index] = 1;
+      return false;
+    }
+    start_failed_.store(false, std::memory_order_relaxed);
+    return true;
+  }
+
+  void clear_failed_start() { start_failed_.store(false, std::memory_order_relaxed); }
 
   void require_syncing(std::string_view operation) const {
     if (no_sync_depth_.load(std::memory_order_relaxed) != 0) {
@@ -352,6 +394,9 @@ private:
   std::atomic<int> no_sync_depth_{0};
   std::atomic<bool> synchronized_{false};
   std::atomic<bool> start_failed_{false};
+  // After a failed start: the gradients marked since (see failed_backward_over).
+  std::mutex failed_mutex_;
+  std::vector<char> failed_marks_;
   // Double buffering: the gradients' views this step, and the copies being reduced.
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_;

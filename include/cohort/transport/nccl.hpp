@@ -275,6 +275,10 @@ private:
     } catch (const engine_error&) {
       abort();
       throw;
+    } catch (const std::exception& e) {
+      abort();
+      throw error("cohort: " + std::string(operation) +
+                  ": waiting for the device failed: " + e.what());
     } catch (...) {
       abort();
       throw error("cohort: " + std::string(operation) + ": waiting for the device failed");

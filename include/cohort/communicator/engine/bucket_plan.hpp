@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -59,6 +60,9 @@ public:
   std::size_t bucket_of(std::size_t slot) const noexcept { return bucket_of_[slot]; }
   //! The walk order the plan was built from.
   std::span<const std::size_t> order() const noexcept { return order_; }
+  //! Which gradients share which bucket, in which order: the ranks compare it at every step
+  //! (buckets of the same sizes over other members would add up unrelated gradients).
+  std::uint64_t fingerprint() const noexcept { return fingerprint_; }
 
   //! Reverse registration order: backward produces the last layer's gradients first.
   static void reverse_order(std::size_t count, std::vector<std::size_t>& order) {
@@ -71,6 +75,7 @@ private:
   std::vector<std::size_t> members_;
   std::vector<std::size_t> bucket_of_;
   std::vector<std::size_t> order_;
+  std::uint64_t fingerprint_ = 0;
 };
 
 } // namespace engine

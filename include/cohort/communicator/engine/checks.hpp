@@ -45,13 +45,14 @@ COHORT_DECL void require_mpi();
 
 //! Runs a call's local checks and returns what they found ("" when the arguments are good)
 //! instead of throwing: a rank with bad input must still take part in the agreement, or the
-//! others would wait for it in the collective.
+//! others would wait for it in the collective. Whatever a check throws (a thread that cannot
+//! start, memory that cannot be had) is found so, not only bad arguments.
 template <class Checks>
 std::string local_checks(Checks&& checks) {
   try {
     checks();
     return {};
-  } catch (const invalid_argument& e) {
+  } catch (const std::exception& e) {
     return e.what();
   }
 }
@@ -111,8 +112,9 @@ public:
   bool agree_reducing(const char* operation, tensor_view data, reduce_op op,
                       const std::string& problem) const;
 
-  //! `settle` for a call whose only argument to compare is a root rank.
-  void agree_root(const char* operation, int root) const;
+  //! `settle` for a call whose only arguments to compare are a root rank and, for an object
+  //! collective, the object's type (`object_type`, a name; none when null).
+  void agree_root(const char* operation, int root, const char* object_type = nullptr) const;
 
   //! The strategy (its name and its type's) and every option, compared across ranks once when a
   //! communicator is made, whatever check_agreement says (ranks that disagree on it could not

@@ -120,9 +120,15 @@ public:
   //! Marks every gradient not yet ready as ready (in index order, an order never learned).
   void mark_rest_ready();
 
+  //! Compares the gradients as they are `now` with the views the pending reduction reads and
+  //! writes (each as it was when the reduction began, or when it was marked ready): one that
+  //! moved (its tensor replaced, resized or freed) would never receive its reduced value, and is
+  //! a problem every rank hears of at the end of the step. Under `mutex()`.
+  void verify_unmoved(std::span<const grad_slot> now);
+
   //! Waits for cohort's thread, then ends the step with an agreement on what every rank found
-  //! (collective). Call after `mark_rest_ready`, without holding `mutex()`.
-  void finish();
+  //! and on `end` (collective). Call after `mark_rest_ready`, without holding `mutex()`.
+  void finish(step_end end = step_end::update);
 
   //! Ends a pending overlapped reduction without sending what was not marked ready (see
   //! basic_communicator::abandon_grad_sync). Does nothing if none is pending.

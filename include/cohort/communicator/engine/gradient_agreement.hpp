@@ -49,7 +49,8 @@ struct gradient_step {
   reduction_mode mode = reduction_mode::blocking;
   const reduction_table& plan_of; // the reducer's plan for each dtype
   missing_grad missing = missing_grad::report;
-  std::string_view problem; // what this rank's own checks found (empty: nothing)
+  std::string_view problem;  // what this rank's own checks found (empty: nothing)
+  std::uint64_t buckets = 0; // the bucket plan's fingerprint (0: none, a device strategy's)
 };
 
 //! A small step's one packed bucket (of at most liveness::max_carried_bytes), which the

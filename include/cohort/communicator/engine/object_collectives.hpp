@@ -11,19 +11,29 @@
 #include <cohort/detail/operation.hpp>
 #include <cohort/transport/mpi.hpp>
 
+#include <boost/core/demangle.hpp>
 #include <boost/mpi/collectives.hpp>
 #include <boost/mpi/communicator.hpp>
 
+#include <string_view>
+#include <typeinfo>
 #include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
+// What an object collective's ranks must pass alike beyond the call: the object's type (an int
+// on one rank and a float on another would be read as each other's bytes).
+template <class T>
+std::vector<signature_entry> object_type() {
+  return {{"the object's type", boost::core::demangle(typeid(T).name())}};
+}
+
 template <class T>
 T bcast_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, int root) {
   detail::operation_scope scope("bcast_obj");
-  c.agree_root("bcast_obj", root);
+  c.agree_root("bcast_obj", root, typeid(T).name());
   T value = c.rank() == root ? obj : T{};
   const auto watch = c.watch_transfer("bcast_obj", 0);
   c.fatal_on_failure("bcast_obj", [&] {
@@ -36,7 +46,7 @@ template <class T>
 std::vector<T> gather_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj,
                           int root) {
   detail::operation_scope scope("gather_obj");
-  c.agree_root("gather_obj", root);
+  c.agree_root("gather_obj", root, typeid(T).name());
   std::vector<T> all;
   const auto watch = c.watch_transfer("gather_obj", 0);
   c.fatal_on_failure("gather_obj", [&] {
@@ -48,7 +58,10 @@ std::vector<T> gather_obj(const checks& c, const boost::mpi::communicator& comm,
 template <class T>
 std::vector<T> allgather_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj) {
   detail::operation_scope scope("allgather_obj");
-  c.settle("allgather_obj", detail::fingerprint{}.add("allgather_obj").value(), nullptr, {});
+  c.settle(
+      "allgather_obj",
+      detail::fingerprint{}.add("allgather_obj").add(std::string_view(typeid(T).name())).value(),
+      object_type<T>, {});
   const auto watch = c.watch_transfer("allgather_obj", 0);
   std::vector<T> all;
   c.fatal_on_failure("allgather_obj", [&] {
@@ -60,7 +73,18 @@ std::vector<T> allgather_obj(const checks& c, const boost::mpi::communicator& co
 template <class T, class Op>
 T allreduce_obj(const checks& c, const boost::mpi::communicator& comm, const T& obj, Op op) {
   detail::operation_scope scope("allreduce_obj");
-  c.settle("allreduce_obj", detail::fingerprint{}.add("allreduce_obj").value(), nullptr, {});
+  c.settle("allreduce_obj",
+           detail::fingerprint{}
+               .add("allreduce_obj")
+               .add(std::string_view(typeid(T).name()))
+               .add(std::string_view(typeid(Op).name()))
+               .value(),
+           [] {
+             auto entries = object_type<T>();
+             entries.push_back({"the operation's type", boost::core::demangle(typeid(Op).name())});
+             return entries;
+           },
+           {});
   const auto watch = c.watch_transfer("allreduce_obj", 0);
   T result{};
   c.fatal_on_failure("allreduce_obj", [&] {

@@ -184,7 +184,7 @@ public:
     detail::operation_scope scope("allreduce");
     tensor_view v;
     const std::string problem = local_checks([&] { v = make_view(t, "allreduce"); });
-    agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
+    agree("allreduce (device memory)", v.count, v.type, static_cast<int>(op), "op", problem);
     const auto watch = watch_transfer("allreduce", v.size_bytes());
     staged(v, true, [&](tensor_view host) { mpi::allreduce(mpi_comm(), host, op); });
   }
@@ -203,7 +203,7 @@ public:
       v = make_view(t, "broadcast");
       check_root(root, "broadcast");
     });
-    agree("broadcast", v.count, v.type, root, "root", problem);
+    agree("broadcast (device memory)", v.count, v.type, root, "root", problem);
     const auto watch = watch_transfer("broadcast", v.size_bytes());
     staged(v, rank() == root, [&](tensor_view host) { mpi::broadcast(mpi_comm(), host, root); });
   }

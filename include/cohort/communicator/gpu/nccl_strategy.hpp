@@ -12,6 +12,7 @@
     "<cohort/communicator/gpu/nccl_strategy.hpp> launches CUDA kernels: compile this translation unit with nvcc and include <cohort/cuda.hpp>"
 #endif
 
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/basic_communicator.hpp>
 #include <cohort/communicator/engine/gpu/bucketed_reduction.hpp>
 #include <cohort/communicator/engine/gpu/streams.hpp>
@@ -51,7 +52,12 @@ public:
   nccl_strategy(const boost::mpi::communicator& comm, communicator_options options, gpu_options gpu)
       : base(comm, options)
       , gpu_(gpu)
-      , fused_(engine::device_bucket_limits(options)) {}
+      , fused_(engine::device_bucket_limits(options)) {
+    // (A rank whose timeout is zero would never abort the NCCL communicator its peers abort.)
+    agree_on_settings(static_cast<base&>(*this),
+                      {{"gpu_options::timeout", std::to_string(gpu.timeout.count()) + " ms"}},
+                      "communicator creation");
+  }
 
   static constexpr bool reduces_gpu_memory = true;
 
@@ -114,7 +120,7 @@ public:
     operation_scope scope("allreduce");
     tensor_view v;
     const std::string problem = this->local_checks([&] { v = device_view(t, "allreduce"); });
-    this->agree("allreduce", v.count, v.type, static_cast<int>(op), "op", problem);
+    this->agree("allreduce (device memory)", v.count, v.type, static_cast<int>(op), "op", problem);
     enqueue("allreduce", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::allreduce(c, v.data, v.data, v.count, v.type, op, s);
     });
@@ -133,7 +139,7 @@ public:
       v = device_view(t, "broadcast");
       this->check_root(root, "broadcast");
     });
-    this->agree("broadcast", v.count, v.type, root, "root", problem);
+    this->agree("broadcast (device memory)", v.count, v.type, root, "root", problem);
     enqueue("broadcast", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::broadcast(c, v.data, v.count, v.type, root, s);
     });
@@ -154,7 +160,7 @@ public:
       o = device_view(out, "allgather");
       this->check_blocks(i, o, "allgather");
     });
-    this->agree("allgather", i.count, i.type, 0, "", problem);
+    this->agree("allgather (device memory)", i.count, i.type, 0, "", problem);
     enqueue("allgather", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::allgather(c, i.data, o.data, i.count, i.type, s);
     });
@@ -175,7 +181,8 @@ public:
       o = device_view(out, "reduce_scatter");
       this->check_blocks(o, i, "reduce_scatter");
     });
-    this->agree("reduce_scatter", o.count, o.type, static_cast<int>(op), "op", problem);
+    this->agree("reduce_scatter (device memory)", o.count, o.type, static_cast<int>(op), "op",
+                problem);
     enqueue("reduce_scatter", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::reduce_scatter(c, i.data, o.data, o.count, o.type, op, s);
     });

@@ -5,6 +5,7 @@
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
 #include <cohort/communicator/engine/bucket_plan.hpp>
+#include <cohort/detail/fingerprint.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -77,6 +78,14 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
   }
   buckets_ = std::move(sorted);
   order_.assign(order.begin(), order.end());
+  detail::fingerprint f;
+  for (const bucket& b : buckets_) {
+    f.add(b.member_count);
+    for (const std::size_t s : members(b)) {
+      f.add(s);
+    }
+  }
+  fingerprint_ = f.value();
 }
 
 } // namespace engine

@@ -6,7 +6,10 @@
 
 #include <cohort/communicator/engine/checks.hpp>
 
+#include <boost/core/demangle.hpp>
+
 #include <cstdlib>
+#include <string_view>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -81,14 +84,22 @@ COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data,
   return reduced;
 }
 
-COHORT_DECL void checks::agree_root(const char* operation, int root) const {
+COHORT_DECL void checks::agree_root(const char* operation, int root,
+                                    const char* object_type) const {
   const std::string problem = local_checks([&] { check_root(root, operation); });
   detail::fingerprint f;
   f.add(operation).add(static_cast<std::uint64_t>(root));
+  if (object_type != nullptr) {
+    f.add(std::string_view(object_type));
+  }
   settle(
       operation, f.value(),
       [&] {
-        return std::vector<engine::signature_entry>{{"the root", std::to_string(root)}};
+        std::vector<engine::signature_entry> entries{{"the root", std::to_string(root)}};
+        if (object_type != nullptr) {
+          entries.push_back({"the object's type", boost::core::demangle(object_type)});
+        }
+        return entries;
       },
       problem);
 }
@@ -97,6 +108,11 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
                                           std::string_view strategy_type) {
   int ranks_per_node = 0;
   const std::string problem = local_checks([&] {
+    if (options_.timeout.count() < 0) {
+      throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank()) +
+                             ": communicator_options::timeout must be >= 0 (0 disables it), not " +
+                             std::to_string(options_.timeout.count()) + " ms");
+    }
     ranks_per_node = detail::ranks_per_node_override(options_.simulated_ranks_per_node);
     if (options_.segment_bytes != 0 &&
         options_.segment_bytes < communicator_options::min_segment_bytes) {

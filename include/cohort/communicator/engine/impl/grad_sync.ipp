@@ -131,7 +131,31 @@ COHORT_DECL void grad_sync::mark_rest_ready() {
   }
 }
 
-COHORT_DECL void grad_sync::finish() {
+COHORT_DECL void grad_sync::verify_unmoved(std::span<const grad_slot> now) {
+  if (!pending_ || problem_flag_.load()) {
+    return; // (the first problem is the one every rank hears of)
+  }
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    const grad_slot& then = slots_[i];
+    const bool same = i < now.size() && now[i].state == then.state &&
+                      now[i].grad.data == then.grad.data && now[i].grad.count == then.grad.count &&
+                      now[i].grad.type == then.grad.type;
+    if (!same) {
+      report("cohort: step on rank " + std::to_string(checks_->rank()) + ": " +
+             engine::slot_label(then) + " (#" + std::to_string(i) +
+             "): its gradient was replaced after " +
+             (readiness_.is_ready(i) ? "backward marked it ready" : "the reduction began") + " (" +
+             engine::slot_description(then) + " then, " +
+             (i < now.size() ? engine::slot_description(now[i]) : std::string("no gradient")) +
+             " now): its reduced value would never reach it. Change a gradient in place "
+             "(grad.copy_(...)) or after step(), and zero_grad() before backward, not between "
+             "backward and step()");
+      return;
+    }
+  }
+}
+
+COHORT_DECL void grad_sync::finish(step_end end) {
   detail::operation_scope scope("allreduce_grad");
   observer_.step_ending();
   struct done_on_exit {
@@ -156,7 +180,14 @@ COHORT_DECL void grad_sync::finish() {
   // every rank, the failing rank's own.
   const std::string problem = problem_flag_.load() ? problem_ : std::string();
   if (c.options().check_agreement) {
-    c.settle_on(waiter::reducer, "allreduce_grad (end of the step)", 0, problem);
+    c.settle_on(waiter::reducer, "allreduce_grad (end of the step)",
+                static_cast<std::uint64_t>(end), problem, [end] {
+                  return std::vector<signature_entry>{
+                      {"the reduced gradients",
+                       end == step_end::update
+                           ? "update the parameters (step, synchronize)"
+                           : "are dropped (skip_step, or zero_grad before a step)"}};
+                });
   } else if (!problem.empty()) {
     throw invalid_argument(problem);
   }

@@ -89,7 +89,8 @@ COHORT_DECL bool grad_sync::validate(const checks& c, const strategy_ref& s,
                            .mode = mode,
                            .plan_of = table,
                            .missing = missing,
-                           .problem = problem};
+                           .problem = problem,
+                           .buckets = usable && !s.device() ? reduction_.plan().fingerprint() : 0};
   bool reduced = false;
   if (c.options().check_agreement) {
     const trace_span span = observer_.agreement(carrying);

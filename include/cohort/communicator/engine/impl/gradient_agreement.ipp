@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -73,11 +74,22 @@ COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_s
     return entries;
   };
   // The plan is compared only where the layouts agree (it follows from the layout's dtypes).
-  const auto describe_plan = [&] { return describe_reduction_plan(slots, step.plan_of); };
+  const auto describe_plan = [&] {
+    std::vector<engine::signature_entry> entries = describe_reduction_plan(slots, step.plan_of);
+    char buckets[24];
+    std::snprintf(buckets, sizeof buckets, "%016llx",
+                  static_cast<unsigned long long>(step.buckets));
+    entries.push_back({"the buckets (which gradients, in which order: learned or restored "
+                       "orders that differ)",
+                       buckets});
+    return entries;
+  };
+  detail::fingerprint plan_f;
+  plan_f.add(reduction_fingerprint(slots, step.mode, step.plan_of)).add(step.buckets);
   const auto layout =
       std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout);
-  const auto plan = std::pair<std::uint64_t, decltype(describe_plan)&>(
-      reduction_fingerprint(slots, step.mode, step.plan_of), describe_plan);
+  const auto plan =
+      std::pair<std::uint64_t, decltype(describe_plan)&>(plan_f.value(), describe_plan);
   // (Nothing carried: the rendezvous only agrees, and says nothing was reduced.)
   return engine::require_agreement_carrying_of(live, who, step.operation, step.sequence,
                                                carried.data, carried.op, layout, plan);

@@ -15,14 +15,13 @@ COHORT_DECL liveness::liveness(const boost::mpi::communicator& comm,
                                std::chrono::milliseconds timeout)
     : rank_(comm.rank())
     , size_(comm.size())
-    , timeout_(std::chrono::duration_cast<detail::watch_clock::duration>(timeout))
-    , caller_slot_(timeout, rank_)
-    , reducer_slot_(timeout, rank_) {
-  if (timeout.count() < 0) {
-    throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank_) +
-                           ": communicator_options::timeout must be >= 0 (0 disables it), not " +
-                           std::to_string(timeout.count()) + " ms");
-  }
+    // A negative timeout is refused once the ranks compare the options (checks::
+    // agree_on_options), on every rank: throwing here, alone, would leave the others waiting in
+    // the duplications below. Until then it watches nothing.
+    , timeout_(std::chrono::duration_cast<detail::watch_clock::duration>(
+          std::max(timeout, std::chrono::milliseconds(0))))
+    , caller_slot_(std::max(timeout, std::chrono::milliseconds(0)), rank_)
+    , reducer_slot_(std::max(timeout, std::chrono::milliseconds(0)), rank_) {
   detail::install_terminate_handler();
   // Until the channels exist, the creation's own blocking calls are watched.
   const detail::watch_scope watch(caller_slot_.get(), "communicator creation", 0, 0, false);

@@ -29,7 +29,10 @@ COHORT_DECL std::optional<std::size_t> readiness::mark(const bucket_plan& plan, 
     return std::nullopt;
   }
   if (ready_[index]) {
-    problem = "was marked ready twice in one step";
+    problem = "was marked ready twice in one step: a second backward before step() (its hooks "
+              "fire again); run every backward of a step but its last inside no_sync() "
+              "(gradient accumulation; a GAN's discriminator over its real and its fake "
+              "batch), or step() between them";
     return std::nullopt;
   }
   ready_[index] = 1;
