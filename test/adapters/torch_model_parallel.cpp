@@ -13,6 +13,7 @@
 #include <string>
 #include <torch/torch.h>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/expect.hpp"
@@ -278,10 +279,25 @@ BOOST_AUTO_TEST_CASE(send_and_recv_carry_the_gradient_back) {
     torch::manual_seed(static_cast<std::uint64_t>(100 + rank));
     return torch::randn({2, 3}, torch::kDouble);
   };
+  // A ring: a send returns once its receiver has matched it, so even ranks send first and odd
+  // ranks receive first. Returns the send's delegate and what arrived.
+  const auto ring = [&](const at::Tensor& out, at::IntArrayRef shape, at::ScalarType dtype,
+                        int tag) {
+    at::Tensor delegate, got;
+    const auto send = [&] { delegate = cohort::torch::send(comm, out, (r + 1) % n, tag); };
+    const auto recv = [&] { got = cohort::torch::recv(comm, (r + n - 1) % n, shape, dtype, tag); };
+    if (r % 2 == 0) {
+      send();
+      recv();
+    } else {
+      recv();
+      send();
+    }
+    return std::pair{delegate, got};
+  };
   torch::manual_seed(static_cast<std::uint64_t>(r));
   const at::Tensor x = torch::randn({2, 3}, torch::kDouble).requires_grad_();
-  const at::Tensor delegate = cohort::torch::send(comm, x * 2, (r + 1) % n, 7);
-  const at::Tensor got = cohort::torch::recv(comm, (r + n - 1) % n, {2, 3}, torch::kDouble, 7);
+  const auto [delegate, got] = ring(x * 2, {2, 3}, torch::kDouble, 7);
   BOOST_TEST(got.requires_grad());
   torch::manual_seed(static_cast<std::uint64_t>((r + n - 1) % n));
   BOOST_TEST(torch::allclose(got, torch::randn({2, 3}, torch::kDouble) * 2, 1e-12, 1e-12));
@@ -292,9 +308,7 @@ BOOST_AUTO_TEST_CASE(send_and_recv_carry_the_gradient_back) {
   check_gradient(
       comm, x.detach(),
       [&](const at::Tensor& v) {
-        const at::Tensor sent = cohort::torch::send(comm, v * 3, (r + 1) % n, 8);
-        const at::Tensor arrived =
-            cohort::torch::recv(comm, (r + n - 1) % n, {2, 3}, torch::kDouble, 8);
+        const auto [sent, arrived] = ring(v * 3, {2, 3}, torch::kDouble, 8);
         return (weights(r) * arrived * arrived).sum() + sent;
       },
       "send and recv");
@@ -304,17 +318,15 @@ BOOST_AUTO_TEST_CASE(send_and_recv_carry_the_gradient_back) {
   // sends and none is left queued for the next message of the tag.
   for (int round = 0; round < 2; ++round) {
     const at::Tensor plain = torch::full({2}, double(10 * round + r), torch::kDouble);
-    const at::Tensor d = cohort::torch::send(comm, plain, (r + 1) % n, 9);
+    const auto [d, in] = ring(plain, {2}, torch::kDouble, 9);
     BOOST_TEST(d.requires_grad());
-    const at::Tensor in = cohort::torch::recv(comm, (r + n - 1) % n, {2}, torch::kDouble, 9);
     BOOST_TEST(
         torch::equal(in, torch::full({2}, double(10 * round + (r + n - 1) % n), torch::kDouble)));
     (in.sum() + d).backward();
   }
   // Integers travel without autograd (nothing to differentiate).
   const at::Tensor labels = torch::arange(4, torch::kLong) + r;
-  const at::Tensor none = cohort::torch::send(comm, labels, (r + 1) % n, 10);
-  const at::Tensor got_labels = cohort::torch::recv(comm, (r + n - 1) % n, {4}, torch::kLong, 10);
+  const auto [none, got_labels] = ring(labels, {4}, torch::kLong, 10);
   BOOST_TEST(!none.requires_grad());
   BOOST_TEST(!got_labels.requires_grad());
   BOOST_TEST(torch::equal(got_labels, torch::arange(4, torch::kLong) + (r + n - 1) % n));

@@ -10,12 +10,14 @@
 // digits. The running statistics are updated from the same all-reduced values on every rank.
 
 #include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 
 #include <ATen/ATen.h>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <torch/autograd.h>
@@ -151,6 +153,11 @@ public:
             rank_sum([&comm](at::Tensor& t) { comm.allreduce(t, reduce_op::sum); }), channels,
             options) {
     rank_ = comm.rank();
+    // Compared at the first forward that communicates: an eps or a momentum that differs from
+    // rank to rank would part the replicas' statistics without a word.
+    agree_ = [&comm](const std::vector<setting>& settings) {
+      agree_on_settings(comm, settings, "multi_node_batch_norm");
+    };
   }
 
   multi_node_batch_norm_impl(rank_sum sum, std::int64_t channels,
@@ -176,6 +183,17 @@ public:
 
   at::Tensor forward(const at::Tensor& x) {
     const bool communicates = is_training() || !options_.track_running_stats;
+    if (communicates && agree_) {
+      char number[2][32];
+      std::snprintf(number[0], sizeof number[0], "%.17g", options_.eps);
+      std::snprintf(number[1], sizeof number[1], "%.17g", options_.momentum);
+      agree_({{"the channels", std::to_string(channels_)},
+              {"option 'eps'", number[0]},
+              {"option 'momentum'", number[1]},
+              {"option 'affine'", options_.affine ? "true" : "false"},
+              {"option 'track_running_stats'", options_.track_running_stats ? "true" : "false"}});
+      agree_ = nullptr; // (once they agreed: after a mismatch, the next forward compares again)
+    }
     if (x.dim() < 2 || x.size(1) != channels_) {
       if (communicates) {
         // The other ranks are about to sum channels + 1 values: a sum of another size makes the
@@ -220,11 +238,16 @@ public:
     if (options_.track_running_stats) {
       const ::torch::NoGradGuard no_grad;
       const double n = total.item<double>();
-      const at::Tensor unbiased = n > 1 ? var * (n / (n - 1)) : var;
-      running_mean.mul_(1 - options_.momentum)
-          .add_(mean.to(running_mean.scalar_type()), options_.momentum);
-      running_var.mul_(1 - options_.momentum)
-          .add_(unbiased.to(running_var.scalar_type()), options_.momentum);
+      // An empty batch on every rank has no statistics (its mean is 0/0): the running ones stay
+      // as they were, as LibTorch's BatchNorm leaves them. (Empty on some ranks only: the others'
+      // values are the batch.)
+      if (n > 0) {
+        const at::Tensor unbiased = n > 1 ? var * (n / (n - 1)) : var;
+        running_mean.mul_(1 - options_.momentum)
+            .add_(mean.to(running_mean.scalar_type()), options_.momentum);
+        running_var.mul_(1 - options_.momentum)
+            .add_(unbiased.to(running_var.scalar_type()), options_.momentum);
+      }
       num_batches_tracked.add_(1);
     }
     return y;
@@ -244,6 +267,7 @@ private:
   std::string on_rank() const { return rank_ < 0 ? "" : " on rank " + std::to_string(rank_); }
 
   rank_sum sum_;
+  std::function<void(const std::vector<setting>&)> agree_; // until the first forward's
   int rank_ = -1; // for the messages; unknown when made from a rank_sum
   std::int64_t channels_;
   multi_node_batch_norm_options options_;

@@ -69,6 +69,7 @@ struct checkpoint_traits<torch::module_state_ref> {
     out.put<std::uint64_t>(state.tensors.size());
     for (const torch::parameter& p : state.tensors) {
       const at::Tensor host = p.value.detach().to(at::kCPU).contiguous();
+      out.mark("tensor '" + p.name + "'");
       out.put_string(p.name, "a parameter's name");
       out.put_string(std::string(c10::toString(host.scalar_type())), "a dtype's name", 64);
       out.put<std::uint64_t>(static_cast<std::uint64_t>(host.dim()));

@@ -136,12 +136,13 @@ public:
       , buffers_(torch::buffers(module))
       , sync_(detail::stepper<Optimizer>{std::move(optimizer)}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
-      , fired_(params_.size(), 0) {
+      , fired_(params_.size(), 0)
+      , held_(params_.size()) {
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
     }
-    broadcast_optimizer_state(comm, inner(), torch::all_parameters(module), options_.root);
+    broadcast_optimizer_state(comm, wrapped(), torch::all_parameters(module), options_.root);
     detail::place_gradients_in_window(comm, params_); // (kept there by zero_grad)
     if (overlapping()) {
       try {
@@ -169,6 +170,7 @@ public:
   //! Averages the gradients over the ranks (or waits for the overlapped reduction), then steps
   //! the optimizer. Collective.
   void step() {
+    const release_on_exit release{*this};
     before_reduction();
     sync_.step();
   }
@@ -180,6 +182,7 @@ public:
   at::Tensor step(::torch::optim::Optimizer::LossClosure closure) {
     return inner().step([&]() -> at::Tensor {
       const at::Tensor loss = closure();
+      const release_on_exit release{*this};
       before_reduction();
       sync_.synchronize();
       sync_.skip_step(); // the update is the optimizer's, inside this call
@@ -189,15 +192,19 @@ public:
 
   //! Clears the gradients: undefined with `set_to_none` (LibTorch 2's default, and this one's),
   //! else zeros in place. Over a communicator whose gradients live in a shared window
-  //! (`shared_memory`), always zeros in place, so that they stay there.
+  //! (`shared_memory`), always zeros in place, so that they stay there. A step whose gradients
+  //! are still being reduced (backward ran, and no `step()` came) ends first, its reduced
+  //! gradients dropped, as `skip_step()` does (collective then: the ranks agree that they drop
+  //! them). Throws what the step that ends found wrong, on every rank.
   void zero_grad(bool set_to_none = true) {
     if constexpr (detail::shares_a_window<Communicator>) {
       set_to_none = false;
     }
+    // A new step: even a backward that failed before its final callback is over.
+    const std::string failure = take_failure();
     {
-      // A new step: even a backward that failed before its final callback is over.
-      const std::lock_guard lock(mutex_);
-      in_backward_ = false;
+      const release_on_exit release{*this};
+      sync_.skip_step();
     }
     for (parameter& p : params_) {
       at::Tensor& grad = p.value.mutable_grad();
@@ -211,6 +218,9 @@ public:
         grad.zero_();
       }
     }
+    if (!failure.empty()) {
+      throw invalid_argument(failure);
+    }
   }
 
   //! While the guard lives, backward accumulates locally and nothing is reduced (gradient
@@ -220,6 +230,7 @@ public:
   //! Reduces without stepping (to clip the averaged gradients); the next `step()` does not
   //! reduce again. Collective.
   void synchronize() {
+    const release_on_exit release{*this};
     before_reduction();
     sync_.synchronize();
   }
@@ -228,13 +239,15 @@ public:
   //! say). Collective.
   void skip_step() {
     const std::string failure = take_failure();
+    const release_on_exit release{*this};
     sync_.skip_step();
     if (!failure.empty()) {
       throw invalid_argument(failure);
     }
   }
 
-  //! Copies `root`'s buffers (BatchNorm's running statistics) to every rank again. Collective.
+  //! Copies `root`'s buffers (BatchNorm's running statistics, and its integer
+  //! `num_batches_tracked`) to every rank again. Collective.
   void broadcast_buffers() {
     if (!buffers_.empty()) {
       stream_order<Communicator>::follow(comm(), params_);
@@ -242,7 +255,18 @@ public:
     }
   }
 
-  Optimizer& inner() noexcept { return sync_.inner().optimizer; }
+  //! The LibTorch optimizer. A reduction still in flight (backward ran, and no `step()` came)
+  //! is waited for first, as `synchronize()` does (collective then), so that the optimizer never
+  //! reads a gradient cohort's thread is still writing: `inner().step()` steps with the
+  //! averaged gradients, and the `step()` after it does not reduce again.
+  Optimizer& inner() {
+    if constexpr (overlap_possible) {
+      if (comm().grad_sync_pending_for(&sync_)) {
+        synchronize();
+      }
+    }
+    return wrapped();
+  }
   const std::vector<parameter>& parameters() const noexcept { return params_; }
   Communicator& comm() const noexcept { return sync_.comm(); }
 
@@ -251,6 +275,23 @@ private:
       cohort::distributed_optimizer<detail::stepper<Optimizer>, Communicator&, Reducer>;
 
   static constexpr bool overlap_possible = overlapping_communicator<Communicator>;
+
+  Optimizer& wrapped() noexcept { return sync_.inner().optimizer; }
+
+  // The gradients an overlapped reduction reads and writes on cohort's thread are held (an
+  // at::Tensor keeps its storage alive) from the start of backward until the step ends, so that
+  // a trainer that replaces or frees one meanwhile frees nothing cohort still uses.
+  struct release_on_exit {
+    distributed_optimizer& owner;
+    ~release_on_exit() {
+      if constexpr (overlap_possible) {
+        if (!owner.comm().grad_sync_pending_for(&owner.sync_)) {
+          const std::lock_guard lock(owner.mutex_);
+          std::fill(owner.held_.begin(), owner.held_.end(), at::Tensor());
+        }
+      }
+    }
+  };
 
   struct ready_hook final : ::torch::autograd::FunctionPostHook {
     ready_hook(distributed_optimizer* owner, std::size_t index)
@@ -322,6 +363,9 @@ private:
         // produced yet is given zeros, into which AccumulateGrad then adds (as after
         // zero_grad(false)).
         give_undefined_gradients_zeros();
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+          held_[i] = params_[i].value.grad();
+        }
         ::torch::autograd::Engine::get_default_engine().queue_callback(
             [this] { on_backward_end(); });
       }
@@ -332,6 +376,7 @@ private:
         return;
       }
       fired_[index] = 1;
+      held_[index] = params_[index].value.grad(); // what the reduction reads from now on
       try {
         sync_.grad_ready(index);
       } catch (...) {
@@ -347,6 +392,9 @@ private:
   void on_backward_end() {
     if constexpr (overlap_possible) {
       const std::lock_guard lock(mutex_);
+      if (!in_backward_) {
+        return; // a backward whose hook threw: its step is over already
+      }
       in_backward_ = false;
       std::string unused;
       std::string sparse;
@@ -425,6 +473,7 @@ private:
   sync_type sync_;
   std::mutex mutex_;
   std::vector<char> fired_;
+  std::vector<at::Tensor> held_; // under mutex_
   bool in_backward_ = false;
   std::string failure_; // found at the end of backward, thrown at the step
   std::vector<hook> hooks_;

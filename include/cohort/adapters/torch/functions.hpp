@@ -18,11 +18,13 @@
 //   the root only). Backward: a gather of the blocks' gradients to the root.
 // - alltoall(comm, x): block q of x (along dimension 0) goes to rank q; the output's block q came
 //   from rank q. Backward: an all-to-all of the gradient.
-// - send(comm, x, dest) / recv(comm, source, shape): point to point; the gradient flows back the
-//   other way. send returns a zero "delegate" to add to the sender's loss, so that its backward
-//   waits for the gradient (ChainerMN's delegate variable and pseudo_connect, as a value a LibTorch
-//   user adds to a loss). Within one backward pass, LibTorch runs the nodes made later first: a
-//   rank that receives after it sends gives its received gradient back before it waits for its own.
+// - send(comm, x, dest) / recv(comm, source, shape): point to point, described (dtype and shape
+//   compared before the bytes move, an error on both ends if they differ); the gradient flows
+//   back the other way. send returns a zero "delegate" to add to the sender's loss, so that its
+//   backward waits for the gradient (ChainerMN's delegate variable and pseudo_connect, as a value a
+//   LibTorch user adds to a loss). Within one backward pass, LibTorch runs the nodes made later
+//   first: a rank that receives after it sends gives its received gradient back before it waits for
+//   its own.
 //
 // Collective in forward and in backward alike: every rank calls them in the same order and runs
 // backward through them with `backward()` (a rank whose loss does not use an output still calls
@@ -227,6 +229,76 @@ struct recv_function : ::torch::autograd::Function<recv_function> {
   }
 };
 
+// A point-to-point message is described before it moves: the sender offers its tensor's
+// description (dtype, shape), the receiver answers with the one it expects, and the bytes follow
+// only if they are the same; otherwise both ends throw `mismatch_error` naming both. (Bytes of a
+// float32 [4] received as a float64 [2] would be the same 16 bytes, silently reread.) The first
+// entry says which of the two a block is, so that two ranks that both send to each other first,
+// each waiting for the other's answer, are told so instead of reading an offer as an answer.
+inline constexpr std::int64_t offer = 1;
+inline constexpr std::int64_t answer = 2;
+
+inline std::vector<std::int64_t> marked(std::int64_t kind, std::vector<std::int64_t> d) {
+  d.insert(d.begin(), kind);
+  return d;
+}
+
+// What arrived as `kind` from `peer`, or a mismatch naming what did.
+inline std::vector<std::int64_t> expect_block(const collectives& c, std::int64_t kind, int peer,
+                                              int tag, const char* operation) {
+  std::vector<std::int64_t> block = c.recv_description(peer, tag);
+  if (block.empty() || block.front() != kind) {
+    throw mismatch_error(
+        std::string("cohort::torch::") + operation + " on rank " + std::to_string(c.rank) +
+        " (tag " + std::to_string(tag) + "): rank " + std::to_string(peer) +
+        (kind == answer ? " sent to this rank while this rank waited for it to receive: both "
+                          "ranks sent before they received; receive first on one of them"
+                        : " sent something other than a tensor's description"));
+  }
+  block.erase(block.begin());
+  return block;
+}
+
+inline std::string both(const std::vector<std::int64_t>& sent, int from,
+                        const std::vector<std::int64_t>& expected, int to) {
+  return "rank " + std::to_string(from) + " sends " + describe(sent) + " and rank " +
+         std::to_string(to) + " expects " + describe(expected);
+}
+
+// Sends x's description to `dest` and waits for its answer; returns once the bytes may follow.
+inline void offer_to(const collectives& c, const at::Tensor& x, int dest, int tag) {
+  const std::vector<std::int64_t> mine = description(x);
+  c.send_description(marked(offer, mine), dest, tag);
+  if (dest == c.rank) {
+    return; // (its own receive checks it: the same rank is both ends)
+  }
+  const std::vector<std::int64_t> expected = expect_block(c, answer, dest, tag, "send");
+  if (expected != mine) {
+    throw mismatch_error("cohort::torch::send on rank " + std::to_string(c.rank) + " to rank " +
+                         std::to_string(dest) + " (tag " + std::to_string(tag) +
+                         "): " + both(mine, c.rank, expected, dest) + "; nothing was sent");
+  }
+}
+
+// Receives the description of what `source` sends, answers with `expected`; throws on both ends
+// if they differ (a message to itself: drained first, so that nothing is left queued).
+inline void accept_from(const collectives& c, const std::vector<std::int64_t>& expected, int source,
+                        int tag) {
+  const std::vector<std::int64_t> sent = expect_block(c, offer, source, tag, "recv");
+  if (source != c.rank) {
+    c.send_description(marked(answer, expected), source, tag);
+  }
+  if (sent != expected) {
+    if (source == c.rank && !sent.empty() && sent[0] >= 0) {
+      at::Tensor drained = at::empty(sizes_of(sent), options_of(sent));
+      c.recv(drained, source, tag);
+    }
+    throw mismatch_error("cohort::torch::recv on rank " + std::to_string(c.rank) + " from rank " +
+                         std::to_string(source) + " (tag " + std::to_string(tag) +
+                         "): " + both(sent, source, expected, c.rank) + "; nothing was received");
+  }
+}
+
 // A send of x to `dest` whose node is recorded wherever x's dtype is floating and gradients are
 // recorded (as the receiver's recv is: see the header's comment).
 inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tensor& x, int dest,
@@ -235,6 +307,11 @@ inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tens
     throw invalid_argument("cohort::torch::send on rank " + std::to_string(c->rank) +
                            ": the tensor is " + describe({x.defined() ? not_on_cpu : no_tensor}));
   }
+  if (x.dim() > most_dimensions) {
+    throw invalid_argument("cohort::torch::send on rank " + std::to_string(c->rank) +
+                           ": the tensor is " + describe({too_many_dimensions}));
+  }
+  offer_to(*c, x, dest, tag);
   const at::Tensor a = anchor(differentiable(x.scalar_type()), x.options());
   return send_function::apply(x, a, std::move(c), std::int64_t{dest}, std::int64_t{tag});
 }
@@ -242,6 +319,7 @@ inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tens
 // A recv of a tensor of description `d` from `source`, recorded as the send at the other end is.
 inline at::Tensor recv_through(c10::intrusive_ptr<collectives> c,
                                const std::vector<std::int64_t>& d, int source, int tag) {
+  accept_from(*c, d, source, tag);
   return recv_function::apply(anchor(differentiable(d), options_of(d)), std::move(c),
                               std::int64_t{source}, std::int64_t{tag},
                               at::empty(sizes_of(d), options_of(d)));
@@ -314,17 +392,22 @@ at::Tensor alltoall(Communicator& comm, const at::Tensor& x) {
   return detail::alltoall_function::apply(x, detail::anchor(recorded, x.options()), std::move(c));
 }
 
-//! Sends `x` to rank `dest` (blocking, as `communicator::send`). Returns a zero scalar that
-//! carries x's gradient: add it to this rank's loss (or call backward on it) and the backward pass
-//! receives, from `dest`, the gradient its `recv` got, and passes it on to `x`.
+//! Sends `x` to rank `dest`. Returns once `dest`'s `recv` has matched it (as MPI_Ssend): the
+//! message carries x's description (dtype, shape), and a `recv` that expects another is a
+//! `mismatch_error` on both ends naming both, with nothing sent. So two ranks that exchange
+//! tensors must not both send first: one receives first (a ring: even ranks send first, odd
+//! ranks receive first), or they are told so. Returns a zero scalar that carries x's gradient:
+//! add it to this rank's loss (or call backward on it) and the backward pass receives, from
+//! `dest`, the gradient its `recv` got, and passes it on to `x`.
 template <class Communicator>
 at::Tensor send(Communicator& comm, const at::Tensor& x, int dest, int tag = 0) {
   return detail::send_through(detail::collectives_of(comm), x, dest, tag);
 }
 
-//! Receives from rank `source` a tensor of `shape` and `options`' dtype (the sender's; a message
-//! of another size throws and stays queued, as `communicator::recv`), in CPU memory. Where the
-//! dtype is floating the result requires a gradient, which the backward pass sends to `source`.
+//! Receives from rank `source` a tensor of `shape` and `options`' dtype, in CPU memory: the
+//! sender's tensor must have that dtype and shape (else `mismatch_error` on both ends, naming
+//! both). Where the dtype is floating the result requires a gradient, which the backward pass
+//! sends to `source`.
 template <class Communicator>
 at::Tensor recv(Communicator& comm, int source, at::IntArrayRef shape,
                 const at::TensorOptions& options = {}, int tag = 0) {
@@ -332,6 +415,12 @@ at::Tensor recv(Communicator& comm, int source, at::IntArrayRef shape,
     throw invalid_argument("cohort::torch::recv on rank " + std::to_string(comm.rank()) +
                            ": a tensor on " + options.device().str() +
                            " asked for; the functions move CPU tensors only");
+  }
+  if (shape.size() > static_cast<std::size_t>(detail::most_dimensions)) {
+    throw invalid_argument("cohort::torch::recv on rank " + std::to_string(comm.rank()) +
+                           ": a tensor of " + std::to_string(shape.size()) +
+                           " dimensions asked for, more than the " +
+                           std::to_string(detail::most_dimensions) + " a message describes");
   }
   std::vector<std::int64_t> d{static_cast<std::int64_t>(options.dtype().toScalarType())};
   d.insert(d.end(), shape.begin(), shape.end());

@@ -95,17 +95,18 @@ void broadcast_module(Communicator& comm, const ::torch::nn::Module& module, int
 //! Replaces every floating-point buffer of `module` (BatchNorm's running statistics, say) with
 //! its mean over the ranks (collective): ChainerMN's AllreducePersistent, before an evaluation or
 //! a checkpoint, so that every replica evaluates and saves the same statistics. 16-bit buffers are
-//! summed in float32. Integer buffers (`num_batches_tracked`) are left as they are: they count
-//! steps, which the ranks take alike. The ranks first agree on the buffers' names, sizes and
-//! dtypes (else `mismatch_error` on every rank, naming the first that differs).
+//! summed in float32. Integer buffers (`num_batches_tracked`), which a mean would not keep whole,
+//! are `root`'s on every rank: a rank that ran a training-mode forward the others did not (a GAN
+//! sampling on rank 0) counts no more than they do. The ranks first agree on the buffers' names,
+//! sizes and dtypes (else `mismatch_error` on every rank, naming the first that differs).
 template <class Communicator>
-void average_buffers(Communicator& comm, const ::torch::nn::Module& module) {
+void average_buffers(Communicator& comm, const ::torch::nn::Module& module, int root = 0) {
   std::vector<parameter> floating;
+  std::vector<parameter> integral;
   for (parameter& b : buffers(module)) {
-    if (b.value.is_floating_point()) {
-      floating.push_back(std::move(b));
-    }
+    (b.value.is_floating_point() ? floating : integral).push_back(std::move(b));
   }
+  comm.broadcast_parameters(integral, root); // (every rank, empty or not: they agree there)
   // The ranks agree on what they average first (a bad layout would otherwise be averaged into
   // nonsense wherever its total size happened to match).
   std::vector<std::string> mine;

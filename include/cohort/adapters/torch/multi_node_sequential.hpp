@@ -192,12 +192,22 @@ private:
   // Collective: every rank's wiring, so that a tensor sent with no stage to receive it (or the
   // reverse) is an error on every rank now rather than a rank waiting for ever.
   void agree_on_wiring() {
-    std::vector<std::int64_t> mine;
+    std::vector<std::int64_t> mine{tag_}; // the tag first: another one would never be received
     for (const stage& s : stages_) {
       mine.push_back(s.from);
       mine.push_back(s.to);
     }
-    const auto all = comm_->lists(mine);
+    auto all = comm_->lists(mine);
+    for (std::size_t q = 0; q < all.size(); ++q) {
+      if (all[q].front() != all[0].front()) {
+        throw mismatch_error(who() + ": the tag is " + std::to_string(all[0].front()) +
+                             " on rank 0 but " + std::to_string(all[q].front()) + " on rank " +
+                             std::to_string(q));
+      }
+    }
+    for (auto& list : all) {
+      list.erase(list.begin());
+    }
     for (std::size_t a = 0; a < all.size(); ++a) {
       for (std::size_t b = 0; b < all.size(); ++b) {
         if (a == b) {

@@ -17,7 +17,10 @@
 
 #include <boost/serialization/string.hpp>
 
+#include <algorithm>
+#include <c10/util/Type.h>
 #include <cstddef>
+#include <cstdio>
 #include <exception>
 #include <optional>
 #include <sstream>
@@ -25,6 +28,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 #include <torch/serialize/archive.h>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -126,13 +130,70 @@ inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_
   return {};
 }
 
+// An option's value as text (a double to its last bit, so that ranks that differ in it differ
+// here).
+inline std::string option_text(const c10::IValue& value) {
+  if (value.isDouble()) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", value.toDouble());
+    return text;
+  }
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// What every rank's optimizer must be alike in: its type, and each param group's options (their
+// type, then every option LibTorch serializes, by name), read through LibTorch's own
+// serialization so that any optimizer's options are covered.
+inline std::vector<setting> optimizer_settings(const ::torch::optim::Optimizer& optimizer) {
+  std::vector<setting> settings{{"the optimizer's type", c10::demangle(typeid(optimizer).name())}};
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const auto& options = optimizer.param_groups()[g].options();
+    const std::string group = "param group " + std::to_string(g);
+    settings.push_back({group + "'s options", c10::demangle(typeid(options).name())});
+    try {
+      ::torch::serialize::OutputArchive out;
+      options.serialize(out);
+      std::ostringstream bytes;
+      out.save_to(bytes);
+      std::istringstream in(bytes.str());
+      ::torch::serialize::InputArchive archive;
+      archive.load_from(in);
+      std::vector<std::string> keys = archive.keys();
+      std::sort(keys.begin(), keys.end());
+      for (const std::string& key : keys) {
+        c10::IValue value;
+        if (archive.try_read(key, value)) {
+          settings.push_back({group + "'s option '" + key + "'", option_text(value)});
+        }
+      }
+    } catch (const std::exception& e) {
+      settings.push_back({group + "'s options", std::string("not serializable: ") + e.what()});
+    }
+  }
+  return settings;
+}
+
 } // namespace detail
+
+//! Throws `mismatch_error` on every rank unless every rank's `optimizer` is of one type with the
+//! same options in every param group (as LibTorch serializes them), naming the first option
+//! that differs and both values. Collective. (Adam and AdamW have the same options and state:
+//! without this, ranks that built one each would load each other's state and drift apart.)
+template <class Communicator>
+void agree_on_optimizer(Communicator& comm, const ::torch::optim::Optimizer& optimizer,
+                        const char* operation = "distributed_optimizer") {
+  agree_on_settings(comm, detail::optimizer_settings(optimizer), operation);
+}
 
 //! Copies `optimizer`'s state and its groups' options from `root` to every rank (collective),
 //! replacing what the others had: a rank that starts with other momentum, moments or learning
 //! rate ends with `root`'s. `named` names the optimizer's parameters (`parameters(module)`, or
 //! `all_parameters(module)` if some are frozen). Every failure (names that differ, a parameter
-//! `named` lacks, state that does not serialize or load) throws on every rank.
+//! `named` lacks, state that does not serialize or load) throws on every rank. Once loaded, the
+//! ranks' optimizers must agree in type and options (`agree_on_optimizer`): an Adam on one rank
+//! and an AdamW on another is a `mismatch_error` on every rank, naming both types.
 template <class Communicator>
 void broadcast_optimizer_state(Communicator& comm, ::torch::optim::Optimizer& optimizer,
                                const std::vector<parameter>& named, int root = 0) {
@@ -168,6 +229,7 @@ void broadcast_optimizer_state(Communicator& comm, ::torch::optim::Optimizer& op
                   failures[r]);
     }
   }
+  agree_on_optimizer(comm, optimizer, "broadcast_optimizer_state");
 }
 
 } // namespace torch

@@ -234,26 +234,35 @@ inline std::pair<std::vector<std::int64_t>, bool> roots_tensor(const collectives
                                                                const char* operation, bool split) {
   const std::string where =
       "cohort::torch::" + std::string(operation) + " on rank " + std::to_string(c.rank) + ": ";
-  if (root < 0 || root >= c.size) {
-    throw invalid_argument(where + "root " + std::to_string(root) + " is not a rank (0 to " +
-                           std::to_string(c.size - 1) + ")");
-  }
-  // The root's description and whether its tensor requires a gradient; every rank's grad mode.
+  // The root's description and whether its tensor requires a gradient; every rank's root and
+  // grad mode (one entry, 2 root + mode), compared before the root is used: a root out of range
+  // or other on one rank is an error on every rank, not a wait for a rank that never sends.
   std::vector<std::int64_t> mine;
   if (c.rank == root) {
     mine = description(x);
     mine.push_back(x.defined() && x.requires_grad() ? 1 : 0);
   }
-  mine.push_back(c10::GradMode::is_enabled() ? 1 : 0);
+  mine.push_back(2 * std::int64_t{root} + (c10::GradMode::is_enabled() ? 1 : 0));
   const auto all = c.describe(mine);
+  const auto mode = [](const std::vector<std::int64_t>& d) { return d.back() & 1; };
+  const auto root_of = [&](const std::vector<std::int64_t>& d) { return (d.back() - mode(d)) / 2; };
   for (std::size_t q = 0; q < all.size(); ++q) {
-    if (all[q].back() != all[0].back()) {
+    if (root_of(all[q]) != root_of(all[0])) {
+      throw mismatch_error(where + "the root is " + std::to_string(root_of(all[0])) +
+                           " on rank 0 but " + std::to_string(root_of(all[q])) + " on rank " +
+                           std::to_string(q));
+    }
+    if (mode(all[q]) != mode(all[0])) {
       throw mismatch_error(where + "autograd records gradients on rank " +
-                           std::to_string(all[q].back() != 0 ? q : 0) + " but not on rank " +
-                           std::to_string(all[q].back() != 0 ? 0 : q) +
+                           std::to_string(mode(all[q]) != 0 ? q : 0) + " but not on rank " +
+                           std::to_string(mode(all[q]) != 0 ? 0 : q) +
                            " (a NoGradGuard or inference mode on some ranks only): their "
                            "backward passes would differ");
     }
+  }
+  if (root < 0 || root >= c.size) {
+    throw invalid_argument(where + "root " + std::to_string(root) + " is not a rank (0 to " +
+                           std::to_string(c.size - 1) + ")");
   }
   std::vector<std::int64_t> d(all[static_cast<std::size_t>(root)].begin(),
                               all[static_cast<std::size_t>(root)].end() - 2);

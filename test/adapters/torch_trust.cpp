@@ -1,0 +1,346 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 30: the LibTorch adapter under misuse, part of the adapters.torch suite (its main() is
+// torch.cpp's). A trainer that touches the gradients between backward and step() while
+// cohort's thread still reduces them (ASan runs these), optimizers and messages that differ from
+// rank to rank, buffers that drift apart, and the step after an error.
+
+#include <cohort/adapters/torch.hpp>
+#include <cohort/cohort.hpp>
+#if __has_include(<xxhash.h>)
+#include <cohort/adapters/torch/checkpoint.hpp>
+#include <cohort/checkpoint.hpp>
+#endif
+
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <string>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <vector>
+
+#include "support/expect.hpp"
+
+using cohort::test::message_has;
+
+namespace {
+
+// Large enough that several buckets are still on cohort's thread when backward returns.
+struct wide_impl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  wide_impl() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 512));
+    fc2 = register_module("fc2", torch::nn::Linear(512, 512));
+    fc3 = register_module("fc3", torch::nn::Linear(512, 8));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
+  }
+};
+TORCH_MODULE_IMPL(wide, wide_impl);
+
+wide wide_seeded(int seed) {
+  torch::manual_seed(static_cast<std::uint64_t>(seed));
+  return wide();
+}
+
+// This rank's batch of step `step`.
+torch::Tensor batch(int rank, int step) {
+  torch::manual_seed(static_cast<std::uint64_t>(1000 * step + rank));
+  return torch::randn({16, 64});
+}
+
+torch::Tensor loss_of(wide& m, int rank, int step) {
+  return m->forward(batch(rank, step)).pow(2).mean();
+}
+
+template <class Communicator>
+bool same_on_every_rank(Communicator& comm, const std::vector<at::Tensor>& tensors) {
+  bool same = true;
+  for (const at::Tensor& t : tensors) {
+    at::Tensor root = t.detach().clone();
+    comm.broadcast(root, 0);
+    same = torch::equal(root, t.detach()) && same;
+  }
+  return comm.allreduce_obj(same ? 1 : 0, [](int a, int b) { return std::min(a, b); }) == 1;
+}
+
+// A one-process reference: the mean of every rank's loss, stepped with SGD, for `steps` steps,
+// taking the steps `taken` says.
+std::vector<at::Tensor> reference(int ranks, int steps, const std::vector<bool>& taken) {
+  wide m = wide_seeded(0);
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.05));
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    torch::Tensor total = torch::zeros({});
+    for (int r = 0; r < ranks; ++r) {
+      total = total + loss_of(m, r, s);
+    }
+    (total / ranks).backward();
+    if (taken[static_cast<std::size_t>(s)]) {
+      opt.step();
+    }
+  }
+  return m->parameters();
+}
+
+bool close_to(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::allclose(a[i], b[i], 1e-4, 1e-5)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+} // namespace
+
+// Point 1: between backward and step() a trainer replaces a gradient. cohort's thread still
+// reads and writes the old one (held, so never freed under it), and the replaced one would
+// never get its reduced value: an error naming it on every rank. The next step just works.
+BOOST_AUTO_TEST_CASE(a_gradient_replaced_between_backward_and_step_is_an_error_naming_it) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size(), r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+  loss_of(m, r, 0).backward();
+  if (r == n - 1) {
+    for (auto& p : m->named_parameters()) {
+      if (p.key() == "fc2.weight") {
+        p.value().mutable_grad() = p.value().grad().clone(); // the old one is freed here
+      }
+    }
+  }
+  BOOST_CHECK_EXCEPTION(
+      opt.step(), cohort::error,
+      message_has({"'fc2.weight'", "replaced after", "rank " + std::to_string(n - 1)}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  // The step that threw is over on every rank: the next one reduces and steps.
+  opt.zero_grad();
+  loss_of(m, r, 1).backward();
+  opt.step();
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
+
+// Point 1: zero_grad() between backward and step() (a loop that skips step() for a few
+// iterations) ends the reduction first, its gradients dropped on every rank; inner().step()
+// waits for the reduction and steps with the averaged gradients. Either way the replicas stay
+// identical and equal to one process taking the same steps.
+BOOST_AUTO_TEST_CASE(a_loop_that_skips_step_or_steps_the_inner_optimizer_stays_correct) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size(), r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+  const int steps = 6;
+  std::vector<bool> taken;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad(); // with a reduction in flight after a skipped step: dropped first
+    loss_of(m, r, s).backward();
+    switch (s % 3) {
+    case 0:
+      opt.step();
+      taken.push_back(true);
+      break;
+    case 1:
+      taken.push_back(false); // no step: the next zero_grad drops the reduction
+      break;
+    default:
+      opt.inner().step(); // waits for the reduction, steps with the averaged gradients
+      taken.push_back(true);
+      break;
+    }
+  }
+  opt.zero_grad();
+  BOOST_TEST(!comm.grad_sync_pending());
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  BOOST_TEST(close_to(m->parameters(), reference(n, steps, taken)));
+  // zero_grad(false) zeros in place: the same, with the reduction in flight.
+  loss_of(m, r, steps).backward();
+  opt.zero_grad(false);
+  BOOST_TEST(!comm.grad_sync_pending());
+  for (const at::Tensor& p : m->parameters()) {
+    BOOST_TEST(p.grad().abs().max().item<float>() == 0.0f);
+  }
+}
+
+// Point 2: Adam on one rank and AdamW on another have the same options and state: they would
+// load each other's and drift apart. Their types are compared, naming both.
+BOOST_AUTO_TEST_CASE(optimizers_of_other_types_are_refused_naming_both) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() == 1) {
+    return;
+  }
+  wide m = wide_seeded(comm.rank());
+  const auto options = torch::optim::AdamOptions(0.01).weight_decay(0.1);
+  const auto refused = message_has({"the optimizer's type", "torch::optim::Adam on rank 0 but",
+                                    "torch::optim::AdamW on rank 1"});
+  if (comm.rank() == 0) {
+    BOOST_CHECK_EXCEPTION((cohort::torch::distributed_optimizer{
+                              torch::optim::Adam(m->parameters(), options), comm, *m}),
+                          cohort::mismatch_error, refused);
+  } else {
+    BOOST_CHECK_EXCEPTION(
+        (cohort::torch::distributed_optimizer{
+            torch::optim::AdamW(m->parameters(),
+                                torch::optim::AdamWOptions(0.01).weight_decay(0.1)),
+            comm, *m}),
+        cohort::mismatch_error, refused);
+  }
+  // The options themselves, compared where they are not the root's (a group of its own).
+  torch::optim::SGD sgd(m->parameters(),
+                        torch::optim::SGDOptions(0.1).momentum(comm.rank() == 0 ? 0.9 : 0.5));
+  BOOST_CHECK_EXCEPTION(
+      cohort::torch::agree_on_optimizer(comm, sgd), cohort::mismatch_error,
+      message_has({"param group 0's option 'momentum'", "0.90000000000000002", "0.5"}));
+}
+
+// Point 3: a message is described; a receive that expects another dtype or shape is an error on
+// both ends naming both, and nothing is received.
+BOOST_AUTO_TEST_CASE(a_recv_that_expects_another_tensor_is_an_error_on_both_ends) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  // To itself: the receive checks, and drains what it refuses.
+  (void)cohort::torch::send(comm, torch::ones({4}), r, 2);
+  BOOST_CHECK_EXCEPTION(cohort::torch::recv(comm, r, {2}, torch::kDouble, 2),
+                        cohort::mismatch_error,
+                        message_has({"sends Float [4]", "expects Double [2]"}));
+  (void)cohort::torch::send(comm, torch::full({3}, 7.0), r, 2);
+  BOOST_TEST(
+      torch::equal(cohort::torch::recv(comm, r, {3}, torch::kFloat, 2), torch::full({3}, 7.0)));
+  if (comm.size() == 1) {
+    return;
+  }
+  const auto both = message_has({"rank 0 sends Float [4]", "rank 1 expects Double [2]"});
+  if (r == 0) {
+    BOOST_CHECK_EXCEPTION(cohort::torch::send(comm, torch::ones({4}), 1, 3), cohort::mismatch_error,
+                          both);
+  } else if (r == 1) {
+    BOOST_CHECK_EXCEPTION(cohort::torch::recv(comm, 0, {2}, torch::kDouble, 3),
+                          cohort::mismatch_error, both);
+  }
+  // Nothing is left queued: the next message of the tag is the right one.
+  if (r == 0) {
+    (void)cohort::torch::send(comm, torch::arange(4, torch::kFloat), 1, 3);
+  } else if (r == 1) {
+    const at::Tensor got = cohort::torch::recv(comm, 0, {4}, torch::kFloat, 3);
+    BOOST_TEST(torch::equal(got, torch::arange(4, torch::kFloat)));
+  }
+  // Two ranks that both send first are told so (each waits for the other's receive).
+  if (comm.size() == 2) {
+    BOOST_CHECK_EXCEPTION(cohort::torch::send(comm, torch::ones({2}), 1 - r, 4),
+                          cohort::mismatch_error, message_has({"both ranks sent"}));
+  }
+  comm.barrier();
+}
+
+// Point 6: an empty batch on every rank has no statistics: the running ones stay as they were,
+// as LibTorch's BatchNorm leaves them (not NaN).
+BOOST_AUTO_TEST_CASE(an_empty_global_batch_leaves_the_running_statistics_as_they_were) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  cohort::torch::multi_node_batch_norm bn(comm, 3);
+  bn->train();
+  (void)bn->forward(torch::randn({4, 3}) + comm.rank());
+  const at::Tensor mean = bn->running_mean.clone(), var = bn->running_var.clone();
+  const at::Tensor out = bn->forward(torch::zeros({0, 3}));
+  BOOST_TEST(out.size(0) == 0);
+  BOOST_TEST(torch::equal(bn->running_mean, mean));
+  BOOST_TEST(torch::equal(bn->running_var, var));
+  // Empty on some ranks only: the others' values are the batch.
+  (void)bn->forward(comm.rank() == 0 ? torch::ones({2, 3}) : torch::zeros({0, 3}));
+  BOOST_TEST(torch::allclose(bn->running_mean, mean * 0.9 + 0.1));
+}
+
+// Point 6: integer buffers (num_batches_tracked) drift apart when one rank alone runs a
+// training-mode forward (a GAN sampling on rank 0): average_buffers makes them the root's.
+BOOST_AUTO_TEST_CASE(average_buffers_makes_integer_buffers_the_roots) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  torch::nn::BatchNorm1d bn(3);
+  bn->train();
+  (void)bn->forward(torch::randn({4, 3}));
+  if (comm.rank() == 0) {
+    (void)bn->forward(torch::randn({4, 3})); // rank 0 alone samples
+  }
+  BOOST_TEST(bn->num_batches_tracked.item<std::int64_t>() == (comm.rank() == 0 ? 2 : 1));
+  cohort::torch::average_buffers(comm, *bn);
+  BOOST_TEST(bn->num_batches_tracked.item<std::int64_t>() == 2);
+  BOOST_TEST(same_on_every_rank(comm, {bn->running_mean, bn->running_var}));
+}
+
+#if __has_include(<xxhash.h>)
+// Point 6: a checkpoint's replica check names the buffer that differs.
+BOOST_AUTO_TEST_CASE(the_replica_check_of_a_checkpoint_names_the_buffer_that_differs) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() == 1) {
+    return;
+  }
+  torch::nn::Sequential model(torch::nn::Linear(3, 3), torch::nn::BatchNorm1d(3));
+  cohort::torch::broadcast_module(comm, *model);
+  if (comm.rank() == comm.size() - 1) {
+    model[1]->named_buffers()["num_batches_tracked"].add_(1);
+  }
+  std::string where;
+  if (comm.rank() == 0) {
+    where = (std::filesystem::temp_directory_path() /
+             ("cohort-torch-differ-" + std::to_string(::getpid())))
+                .string();
+  }
+  where = comm.bcast_obj(where);
+  {
+    cohort::checkpointer ckpt{comm, where};
+    BOOST_CHECK_EXCEPTION(
+        ckpt.save(1, cohort::torch::module_state(*model)), cohort::checkpoint_error,
+        message_has({"the replicas are not identical", "the first part that differs: tensor "
+                                                       "'1.num_batches_tracked'"}));
+  }
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::filesystem::remove_all(where);
+  }
+}
+#endif
+
+// Point 7: a GAN's discriminator whose first backward is not inside its no_sync(): the second
+// backward marks its gradients again, and the message says where no_sync() goes. Point 8: the
+// step that threw on every rank is over; the next one just works.
+BOOST_AUTO_TEST_CASE(a_second_backward_outside_no_sync_says_where_no_sync_goes) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+  loss_of(m, r, 0).backward(); // (the real batch)
+  loss_of(m, r, 1).backward(); // (the fake one)
+  BOOST_CHECK_EXCEPTION(
+      opt.step(), cohort::error,
+      message_has({"marked ready twice in one step", "no_sync()", "a GAN's discriminator"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  opt.zero_grad();
+  {
+    const auto guard = opt.no_sync();
+    loss_of(m, r, 0).backward();
+  }
+  loss_of(m, r, 1).backward();
+  opt.step();
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
+
+// Point 8: a reduction that fails to start on every rank (a strided gradient on one) makes that
+// backward throw everywhere; the next iteration starts afresh with no call between, on every
+// rank alike.
+BOOST_AUTO_TEST_CASE(after_a_failed_start_the_next_backward_starts_afresh_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size(), r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+  if (r == n - 1) { // a gradient that is a strided view: cohort refuses it, by name
+    at::Tensor& grad = m->fc3->bias.mutable_grad();
+    grad = torch::zeros({16}).slice(0, 0, 16, 2);
+  }
+  BOOST_CHECK_EXCEPTION(loss_of(m, r, 0).backward(), std::exception, message_has({"fc3.bias"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  for (int s = 1; s < 3; ++s) {
+    opt.zero_grad();
+    loss_of(m, r, s).backward();
+    opt.step();
+  }
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
