@@ -17,11 +17,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -305,7 +307,7 @@ BOOST_AUTO_TEST_CASE(a_file_the_system_cannot_read_is_an_error_not_damage) {
     fs::create_directory(own);
   });
   trainer_state resumed(comm.rank(), 0);
-  BOOST_CHECK_EXCEPTION(resumed.resume(ckpt), cohort::checkpoint_error,
+  BOOST_CHECK_EXCEPTION(resumed.resume(ckpt), cohort::checkpoint_io_error,
                         message_has({"reading step 2", "not damage", "rank " + last_rank,
                                      "rank-" + last_rank + "-of-" + n}));
   BOOST_TEST(ckpt.skipped().empty());
@@ -650,10 +652,84 @@ BOOST_AUTO_TEST_CASE(replicas_that_differ_are_an_error_not_a_checkpoint) {
   const fresh_directory scratch(comm, "differ");
   cohort::checkpointer ckpt{comm, scratch.path()};
   trainer_state s(comm.rank(), comm.rank() == 1 ? 2.0f : 1.0f);
-  BOOST_CHECK_EXCEPTION(s.save(ckpt, 1), cohort::checkpoint_error,
-                        message_has({"rank 1: its replicated state", "differs from rank 0's",
-                                     "the replicas are not identical"}));
+  BOOST_CHECK_EXCEPTION(
+      s.save(ckpt, 1), cohort::checkpoint_error,
+      message_has({"rank 1: its replicated state", "differs from rank 0's",
+                   "the replicas are not identical", "the first part that differs: parameters"}));
   BOOST_TEST(ckpt.complete_steps().empty());
+}
+
+// Issue 30, point 4: a directory listing that fails (too many open files on rank 0, which lists
+// the steps for every rank) is checkpoint_io_error on every rank, not "nothing to resume".
+BOOST_AUTO_TEST_CASE(a_directory_that_cannot_be_listed_is_an_error_on_every_rank) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const fresh_directory scratch(comm, "unlisted");
+  cohort::checkpointer ckpt{comm, scratch.path()};
+  trainer_state s(comm.rank(), 1);
+  s.save(ckpt, 1);
+  trainer_state resumed(comm.rank(), 0);
+  std::vector<int> filler;
+  rlimit before{};
+  if (comm.rank() == 0) { // every descriptor taken: opendir fails with EMFILE
+    ::getrlimit(RLIMIT_NOFILE, &before);
+    rlimit low = before;
+    low.rlim_cur = static_cast<rlim_t>(
+        std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()) + 8);
+    ::setrlimit(RLIMIT_NOFILE, &low);
+    for (int fd = ::open("/dev/null", O_RDONLY); fd >= 0; fd = ::open("/dev/null", O_RDONLY)) {
+      filler.push_back(fd);
+    }
+  }
+  const auto release = [&] {
+    for (const int fd : filler) {
+      ::close(fd);
+    }
+    filler.clear();
+    if (comm.rank() == 0) {
+      ::setrlimit(RLIMIT_NOFILE, &before);
+    }
+  };
+  try {
+    resumed.resume(ckpt);
+    BOOST_ERROR("resume did not throw");
+  } catch (const cohort::checkpoint_io_error& e) {
+    release();
+    BOOST_TEST(message_has({"looking at the checkpoints", "failed on rank 0", "listing"})(e));
+  }
+  release();
+  BOOST_TEST(every_rank(comm, resumed.resume(ckpt).value_or(0) == 1u));
+  BOOST_TEST(resumed.same_as(s));
+}
+
+// Issue 30, point 5: ranks that make different calls (save on one, resume on another) or save
+// different steps are told so, naming both, before anything is written.
+BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_the_call_are_told_before_anything_is_written) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() == 1) {
+    return;
+  }
+  const fresh_directory scratch(comm, "disagree");
+  cohort::checkpointer ckpt{comm, scratch.path()};
+  trainer_state s(comm.rank(), 1);
+  const std::uint64_t step = comm.rank() == 0 ? 4 : 5;
+  BOOST_CHECK_EXCEPTION(s.save(ckpt, step), cohort::mismatch_error,
+                        message_has({"checkpointer", "the step", "4 on rank 0 but", "5 on rank"}));
+  comm.barrier();
+  BOOST_TEST(!fs::exists(part(scratch.path(), 4, "")));
+  BOOST_TEST(!fs::exists(part(scratch.path(), 5, "")));
+  const auto call = [&] { comm.rank() == 0 ? s.save(ckpt, 6) : (void)s.resume(ckpt); };
+  BOOST_CHECK_EXCEPTION(
+      call(), cohort::mismatch_error,
+      message_has({"checkpointer", "the call", "save on rank 0 but", "resume on rank"}));
+  comm.barrier();
+  BOOST_TEST(!fs::exists(part(scratch.path(), 6, "")));
+  // Options too: an async checkpointer on one rank only.
+  cohort::checkpointer other{comm, scratch.path(), {.async = comm.rank() == 0}};
+  BOOST_CHECK_EXCEPTION(s.save(other, 7), cohort::mismatch_error,
+                        message_has({"option 'async'", "true on rank 0 but false"}));
+  // And then the ranks save together.
+  s.save(ckpt, 8);
+  BOOST_TEST(every_rank(comm, ckpt.complete_steps() == std::vector<std::uint64_t>{8}));
 }
 
 BOOST_AUTO_TEST_CASE(learned_bucket_orders_are_resumed) {

@@ -109,6 +109,15 @@ public:
     std::memcpy(own_.data() + start.patch, &length, sizeof length);
   }
 
+  //! Names the bytes from here on (until the next mark): when the ranks' replicated states differ,
+  //! the first mark whose bytes differ says what ("tensor 'bn.num_batches_tracked'").
+  void mark(std::string label) { marks_.push_back({size_, std::move(label)}); }
+  struct marked_at {
+    std::size_t position;
+    std::string label;
+  };
+  const std::vector<marked_at>& marks() const noexcept { return marks_; }
+
   //! Every byte, in order, as pieces (valid until the writer changes).
   byte_pieces pieces() const {
     byte_pieces out;
@@ -138,6 +147,7 @@ private:
   };
   std::vector<std::byte> own_;
   std::vector<segment> segments_;
+  std::vector<marked_at> marks_;
   std::size_t size_ = 0;
 };
 

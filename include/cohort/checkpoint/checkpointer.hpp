@@ -23,6 +23,7 @@
 
 #include <cohort/checkpoint/bytes.hpp>
 #include <cohort/checkpoint/checksum.hpp>
+#include <cohort/checkpoint/collective.hpp>
 #include <cohort/checkpoint/files.hpp>
 #include <cohort/checkpoint/layout.hpp>
 #include <cohort/checkpoint/manifest.hpp>
@@ -101,10 +102,12 @@ public:
   template <class... State>
   requires(checkpointable<std::remove_cvref_t<State>>&&...) void save(std::uint64_t step,
                                                                       const State&... state) {
+    checkpoint::agree_on_call(comm_, "save", std::to_string(step), options_);
     finish();
     const std::filesystem::path where = directory_ / step_name(step);
-    if (comm_.bcast_obj(comm_.rank() == 0 &&
-                        checkpoint::is_file(where / checkpoint::manifest_name))) {
+    if (checkpoint::on_rank_0(comm_, directory_, [&] {
+          return checkpoint::is_file(where / checkpoint::manifest_name);
+        })) {
       if (step == resumed_ || step == last_saved_) {
         return; // the same state, checkpointed already by this run
       }
@@ -203,6 +206,7 @@ public:
   template <class... State>
   requires(checkpointable<std::remove_cvref_t<State>>&&...) std::optional<std::uint64_t> resume(
       State&&... state) {
+    checkpoint::agree_on_call(comm_, "resume", "none", options_);
     finish();
     skipped_.clear();
     resumed_.reset();
@@ -213,10 +217,10 @@ public:
       ~release_on_return() { buffer = checkpoint::kept_buffer{}; }
     } release{read_buffer_};
     const std::vector<std::uint64_t> steps =
-        comm_.bcast_obj(comm_.rank() == 0 ? complete_steps() : std::vector<std::uint64_t>{});
+        checkpoint::on_rank_0(comm_, directory_, [&] { return complete_steps(); });
     // Saves that did not finish (killed, or failed) left directories without a manifest.
     const std::vector<std::uint64_t> unfinished =
-        comm_.bcast_obj(comm_.rank() == 0 ? unfinished_steps() : std::vector<std::uint64_t>{});
+        checkpoint::on_rank_0(comm_, directory_, [&] { return unfinished_steps(); });
     for (const std::uint64_t step : unfinished) {
       if (steps.empty() || step > steps.front()) {
         note_skipped("step " + std::to_string(step) +
@@ -247,8 +251,10 @@ public:
           p.erase(0, 8);
         }
       }
-      throw_failures(faults, "reading step " + std::to_string(step) +
-                                 " (not damage: the checkpoints are left as they are)");
+      throw_failures(faults,
+                     "reading step " + std::to_string(step) +
+                         " (not damage: the checkpoints are left as they are)",
+                     /*machine_fault=*/true);
       if (std::any_of(problems.begin(), problems.end(),
                       [](const std::string& p) { return !p.empty(); })) {
         // One message per problem, naming the ranks that found it (a shared file: all of them).
@@ -300,6 +306,7 @@ public:
   const std::vector<std::string>& skipped() const noexcept { return skipped_; }
 
   //! The steps of the complete checkpoints (with a manifest), newest first. Not collective.
+  //! Throws `checkpoint_io_error` if the directory cannot be listed (as `unfinished_steps`).
   std::vector<std::uint64_t> complete_steps() const {
     return checkpoint::steps_where(directory_, true);
   }
@@ -323,6 +330,13 @@ private:
     const std::string doing = "saving step " + std::to_string(job.step);
     std::vector<std::string> outcomes = comm_.allgather_obj(job.outcome);
     const std::vector<checkpoint::saved_files> files = checkpoint::read_outcomes(outcomes);
+    if (checkpoint::replicas_differ(outcomes, files)) { // (the same on every rank)
+      const bool mine = checkpoint::succeeded(job.outcome);
+      checkpoint::name_differing_parts(
+          comm_.allgather_obj(mine ? checkpoint::part_checksums(job.replicated, job.pieces[0])
+                                   : std::vector<std::string>{}),
+          outcomes);
+    }
     try {
       throw_failures(outcomes, doing);
     } catch (const checkpoint_error&) {
@@ -360,11 +374,10 @@ private:
   // (or keep N would remove them in favour of a damaged one, and a damaged step would never be
   // written again). Collective: when resume returns, they are gone.
   void set_aside_newer_than(std::optional<std::uint64_t> step) {
-    if (comm_.rank() == 0) {
-      // Never throws (the other ranks wait for rank 0 below).
-      for (std::string& note : checkpoint::set_aside_later_than(directory_, step)) {
-        note_skipped(std::move(note));
-      }
+    for (std::string& note : checkpoint::on_rank_0(comm_, directory_, [&] {
+           return checkpoint::set_aside_later_than(directory_, step);
+         })) {
+      note_skipped(std::move(note));
     }
     // Every rank's skipped() the same; and when resume returns, they are set aside.
     skipped_ = comm_.bcast_obj(skipped_);
@@ -384,17 +397,24 @@ private:
   }
 
   // Throws on every rank if any outcome is not "ok...", naming each failure.
-  void throw_failures(const std::vector<std::string>& outcomes, const std::string& doing) const {
+  // `machine_fault`: the failures are the machine's (`checkpoint_io_error`), not the state's.
+  void throw_failures(const std::vector<std::string>& outcomes, const std::string& doing,
+                      bool machine_fault = false) const {
     std::string failures;
     for (const std::string& o : outcomes) {
       if (o.compare(0, 2, "ok") != 0) {
         failures += (failures.empty() ? "" : "; ") + o;
       }
     }
-    if (!failures.empty()) {
-      throw checkpoint_error("cohort checkpoint: " + doing + " in " + directory_.string() +
-                             " failed on " + failures);
+    if (failures.empty()) {
+      return;
     }
+    const std::string message =
+        "cohort checkpoint: " + doing + " in " + directory_.string() + " failed on " + failures;
+    if (machine_fault) {
+      throw checkpoint_io_error(message);
+    }
+    throw checkpoint_error(message);
   }
 
   Communicator& comm_;

@@ -56,43 +56,65 @@ inline std::string part_name(std::string_view role, int index, int ranks) {
   return std::string(role) + "-" + std::to_string(index) + "-of-" + std::to_string(ranks);
 }
 
-//! Whether `path` is a regular file (false when it cannot be told).
-inline bool is_file(const std::filesystem::path& path) {
-  std::error_code code;
-  return std::filesystem::is_regular_file(path, code);
+//! Throws `checkpoint_io_error` for a failed call of the system's on `path` (`doing` it), unless
+//! it failed because the path is not there.
+inline void require_no_fault(const std::error_code& code, const std::filesystem::path& path,
+                             std::string_view doing) {
+  if (code && code != std::errc::no_such_file_or_directory && code != std::errc::not_a_directory) {
+    throw checkpoint_io_error("cohort checkpoint: " + std::string(doing) + " " + path.string() +
+                              " failed: " + code.message());
+  }
 }
 
-//! The steps under `directory` whose checkpoint is complete (it has a manifest), or, with
-//! `complete` false, the ones that are not; newest first. No error of the file system throws:
-//! rank 0 lists the steps for every rank, which wait for it in a broadcast.
-inline std::vector<std::uint64_t> steps_where(const std::filesystem::path& directory,
-                                              bool complete) {
-  std::vector<std::uint64_t> steps;
+//! Whether `path` is a regular file (false when it is not there); `checkpoint_io_error` when the
+//! machine cannot tell (EACCES, EIO...): a checkpoint whose manifest cannot be read is not one
+//! without a manifest.
+inline bool is_file(const std::filesystem::path& path) {
+  std::error_code code;
+  const bool file = std::filesystem::is_regular_file(path, code);
+  require_no_fault(code, path, "looking at");
+  return file;
+}
+
+//! Calls `visit(name)` for every entry of `directory` (none if it is not there); a listing that
+//! fails (EMFILE, EIO, EACCES...) throws `checkpoint_io_error`: read as "nothing there", it would
+//! silently restart training from scratch.
+template <class Visit>
+void list_directory(const std::filesystem::path& directory, Visit&& visit) {
   std::error_code code;
   for (std::filesystem::directory_iterator entry(directory, code), end; !code && entry != end;
        entry.increment(code)) {
-    const std::optional<std::uint64_t> step = step_of(entry->path().filename().string());
-    if (step && is_file(entry->path() / manifest_name) == complete) {
+    visit(entry->path().filename().string());
+  }
+  require_no_fault(code, directory, "listing");
+}
+
+//! The steps under `directory` whose checkpoint is complete (it has a manifest), or, with
+//! `complete` false, the ones that are not; newest first. Throws `checkpoint_io_error` when the
+//! directory cannot be listed (rank 0 lists the steps for every rank: it sends them the failure).
+inline std::vector<std::uint64_t> steps_where(const std::filesystem::path& directory,
+                                              bool complete) {
+  std::vector<std::uint64_t> steps;
+  list_directory(directory, [&](const std::string& name) {
+    const std::optional<std::uint64_t> step = step_of(name);
+    if (step && is_file(directory / name / manifest_name) == complete) {
       steps.push_back(*step);
     }
-  }
+  });
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
 
 //! The names of the step directories under `directory` later than `step` (all of them, without
-//! one). No error of the file system throws, as in steps_where.
+//! one). Throws as steps_where.
 inline std::vector<std::string> names_later_than(const std::filesystem::path& directory,
                                                  std::optional<std::uint64_t> step) {
   std::vector<std::string> later;
-  std::error_code code;
-  for (std::filesystem::directory_iterator entry(directory, code), end; !code && entry != end;
-       entry.increment(code)) {
-    const std::string name = entry->path().filename().string();
+  list_directory(directory, [&](const std::string& name) {
     if (const std::optional<std::uint64_t> s = step_of(name); s && (!step || *s > *step)) {
       later.push_back(name);
     }
-  }
+  });
   return later;
 }
 
@@ -118,7 +140,8 @@ inline std::optional<std::uint64_t> set_aside_step_of(const std::string& name) {
 
 //! Renames the step directories under `directory` later than `step` (all of them, without one)
 //! to "set-aside-<name>" (then ".<n>" if that is taken), kept for a person to look at; returns
-//! what it did to each, a line each. No error of the file system throws, as in steps_where.
+//! what it did to each, a line each (a rename that failed says so). Throws as steps_where when
+//! the directory cannot be listed.
 inline std::vector<std::string> set_aside_later_than(const std::filesystem::path& directory,
                                                      std::optional<std::uint64_t> step) {
   std::vector<std::string> notes;

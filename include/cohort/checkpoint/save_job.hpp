@@ -93,6 +93,48 @@ inline std::vector<saved_files> read_outcomes(std::vector<std::string>& outcomes
   return files;
 }
 
+//! Whether some rank's replicated state differs from rank 0's (read_outcomes said so): the same
+//! answer on every rank, which then compare their parts (`part_checksums`).
+inline bool replicas_differ(const std::vector<std::string>& outcomes,
+                            const std::vector<saved_files>& files) {
+  for (std::size_t i = 1; i < files.size(); ++i) {
+    if (succeeded(outcomes[0]) && !succeeded(outcomes[i]) &&
+        files[i].replicated_checksum != files[0].replicated_checksum &&
+        files[i].replicated_size != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+//! The replicated state's marked parts (see byte_writer::mark), each as its label and checksum.
+inline std::vector<std::string> part_checksums(const byte_writer& writer,
+                                               const byte_pieces& bytes) {
+  std::vector<std::string> parts;
+  const auto& marks = writer.marks();
+  for (std::size_t i = 0; i < marks.size(); ++i) {
+    const std::size_t end = i + 1 < marks.size() ? marks[i + 1].position : writer.size();
+    parts.push_back(marks[i].label + " " +
+                    to_hex(checksum::of(slice(bytes, marks[i].position, end))));
+  }
+  return parts;
+}
+
+//! Adds to each rank's "differs" outcome the first part whose bytes differ from rank 0's, from
+//! every rank's `part_checksums`.
+inline void name_differing_parts(const std::vector<std::vector<std::string>>& parts,
+                                 std::vector<std::string>& outcomes) {
+  for (std::size_t r = 1; r < parts.size() && r < outcomes.size(); ++r) {
+    for (std::size_t i = 0; i < parts[r].size() && i < parts[0].size(); ++i) {
+      if (parts[r][i] != parts[0][i]) {
+        const std::string& part = parts[0][i];
+        outcomes[r] += " (the first part that differs: " + part.substr(0, part.rfind(' ')) + ")";
+        break;
+      }
+    }
+  }
+}
+
 //! The manifest of the checkpoint of `step` whose ranks wrote `files` (rank 0's first).
 inline manifest manifest_of(std::uint64_t step, const std::vector<saved_files>& files) {
   const int n = static_cast<int>(files.size());

@@ -49,6 +49,7 @@ byte_writer serialize(std::uint64_t step, const State&... state) {
       [&] {
         using traits = checkpoint_traits<std::remove_cvref_t<State>>;
         if constexpr (traits::scope == Scope) {
+          out.mark(std::string(traits::kind));
           out.put_string(traits::kind);
           const byte_writer::block_start start = out.begin_block();
           traits::save(out, state);
