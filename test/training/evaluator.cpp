@@ -131,6 +131,38 @@ BOOST_AUTO_TEST_CASE(early_stopping_decides_the_same_on_every_rank) {
                         message_has({"min_delta"}));
 }
 
+// Issue 30, point 2: ranks whose stopping options differ would stop at different evaluations:
+// every option is compared, a difference an error on every rank naming it and both values.
+BOOST_AUTO_TEST_CASE(early_stopping_options_that_differ_are_an_error_naming_them) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  if (comm.size() == 1) {
+    return;
+  }
+  const bool last = comm.rank() == comm.size() - 1;
+  cohort::local_metrics metrics;
+  metrics.add("loss", 1.0);
+  cohort::early_stopping patience({.patience = last ? 3 : 2});
+  BOOST_CHECK_EXCEPTION(patience.update(comm, metrics), cohort::mismatch_error,
+                        message_has({"early_stopping", "option 'patience'", "has 2 on rank 0 but 3",
+                                     "rank " + std::to_string(comm.size() - 1)}));
+  cohort::early_stopping delta({.min_delta = last ? 0.1 : 0.0});
+  BOOST_CHECK_EXCEPTION(delta.update(comm, metrics), cohort::mismatch_error,
+                        message_has({"option 'min_delta'", "0.10000000000000001"}));
+  cohort::early_stopping monitor({.monitor = last ? "accuracy" : "loss"});
+  BOOST_CHECK_EXCEPTION(monitor.update(comm, metrics), cohort::mismatch_error,
+                        message_has({"option 'monitor'", "'accuracy'"}));
+  // A root that differs, and a count of evaluations that differs (one rank updated once more).
+  cohort::early_stopping same;
+  BOOST_CHECK_EXCEPTION(same.update(comm, metrics, last ? 1 : 0), cohort::mismatch_error,
+                        message_has({"the root"}));
+  auto alone = comm.split(last ? 1 : 0, 0); // (collective: the last rank's own communicator)
+  if (last) {
+    (void)same.update(alone, metrics);
+  }
+  BOOST_CHECK_EXCEPTION(same.update(comm, metrics), cohort::mismatch_error,
+                        message_has({"the evaluations counted", "0 on rank 0 but 1"}));
+}
+
 // Issue 15: ChainerMN's multi-node iterator. Only the root reads (a counter no other rank
 // touches); every rank gets its batches, then the end of the epoch, together.
 BOOST_AUTO_TEST_CASE(multi_node_iterator_gives_every_rank_the_roots_batches) {

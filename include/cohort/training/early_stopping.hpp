@@ -7,6 +7,7 @@
 // that all of them stop at the same evaluation even where an all-reduce leaves the ranks' last bits
 // different (MPI does not promise the same bits everywhere).
 
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -14,6 +15,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <string>
@@ -52,8 +54,25 @@ public:
   //! everywhere; true when it has not improved for `patience` evaluations in a row. A metric
   //! missing from the evaluation (on every rank alike, since allreduce_mean agrees on the names)
   //! throws `invalid_argument` on every rank; a value that is not a number throws too.
+  //!
+  //! Every rank must hold the same options, pass the same `root` and have counted the same
+  //! evaluations: the ranks compare them first, and a difference (patience 2 on one rank and 3 on
+  //! another, which would stop them at different evaluations) is a `mismatch_error` on every
+  //! rank naming the option and both values.
   template <communicator Communicator>
   bool update(Communicator& comm, const local_metrics& metrics, int root = 0) {
+    char min_delta[32];
+    std::snprintf(min_delta, sizeof min_delta, "%.17g", options_.min_delta);
+    agree_on_settings(
+        comm,
+        {{"option 'monitor'", "'" + options_.monitor + "'"},
+         {"option 'maximize'", options_.maximize ? "true" : "false"},
+         {"option 'patience'", std::to_string(options_.patience)},
+         {"option 'min_delta'", min_delta},
+         {"the root", std::to_string(root)},
+         {"the evaluations counted", std::to_string(evaluations_)},
+         {"the evaluations without improvement", std::to_string(without_improvement_)}},
+        "early_stopping");
     const std::map<std::string, double> means = allreduce_mean(comm, metrics);
     const auto found = means.find(options_.monitor);
     if (found == means.end()) {

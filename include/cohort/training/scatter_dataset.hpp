@@ -5,6 +5,7 @@
 // dataset (only indices are computed, nothing moves), scatter_dataset when only the root has it
 // (the root sends each rank its own examples, never the whole dataset to everyone).
 
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -294,6 +295,9 @@ scattered_dataset<example_t<Dataset>> scatter_dataset(const Dataset& data, Commu
                                                       const scatter_options& options = {}) {
   using example = example_t<Dataset>;
   constexpr int tag = 0x5ca7;
+  // (Compared first: a rank that threw alone would leave the others waiting for its chunks.)
+  agree_on_settings(comm, {{"option 'chunk_examples'", options.chunk_examples == 0 ? "0" : "> 0"}},
+                    "scatter_dataset");
   if (options.chunk_examples == 0) {
     throw invalid_argument("cohort: scatter_dataset: chunk_examples must be positive");
   }
