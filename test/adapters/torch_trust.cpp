@@ -25,7 +25,8 @@ using cohort::test::message_has;
 
 namespace {
 
-// Large enough that several buckets are still on cohort's thread when backward returns.
+// Large enough (1.2 MB of gradients: two buckets) that the last one is still on cohort's thread
+// when backward returns.
 struct wide_impl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
   wide_impl() {
@@ -107,7 +108,7 @@ BOOST_AUTO_TEST_CASE(a_gradient_replaced_between_backward_and_step_is_an_error_n
   if (r == n - 1) {
     for (auto& p : m->named_parameters()) {
       if (p.key() == "fc2.weight") {
-        p.value().mutable_grad() = p.value().grad().clone(); // the old one is freed here
+        p.value().mutable_grad() = p.value().grad().clone(); // the old one let go here
       }
     }
   }
@@ -343,4 +344,63 @@ BOOST_AUTO_TEST_CASE(after_a_failed_start_the_next_backward_starts_afresh_on_eve
     opt.step();
   }
   BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
+
+// Point 1, further: a second backward before step() (the module's own zero_grad between) makes
+// new gradients while the first backward's reduction may still be on cohort's thread; nothing it
+// uses is let go (ASan), and the step says what happened.
+BOOST_AUTO_TEST_CASE(a_second_backward_after_the_modules_zero_grad_frees_nothing_in_flight) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+  loss_of(m, r, 0).backward();
+  m->zero_grad(); // LibTorch's: the gradients cohort is reducing are let go here
+  loss_of(m, r, 1).backward();
+  BOOST_CHECK_EXCEPTION(opt.step(), cohort::error, message_has({"marked ready twice"}));
+  opt.zero_grad();
+  loss_of(m, r, 2).backward();
+  opt.step();
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
+
+// Point 1, further: a reference to inner() kept from before backward and stepped before step()
+// reads gradients cohort's thread is still writing; the parameters it changed are found when the
+// step ends, an error on every rank (the replicas may have parted: start again from the root's).
+BOOST_AUTO_TEST_CASE(an_inner_reference_stepped_during_the_reduction_is_an_error) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+  torch::optim::SGD& kept = opt.inner(); // (before backward: nothing to wait for yet)
+  loss_of(m, r, 0).backward();
+  kept.step();
+  BOOST_CHECK_EXCEPTION(
+      opt.zero_grad(), cohort::error,
+      message_has({"changed while its step's gradients were being reduced", "inner()"}));
+  BOOST_TEST(!comm.grad_sync_pending());
+  cohort::torch::broadcast_module(comm, *m);
+  opt.zero_grad();
+  loss_of(m, r, 1).backward();
+  opt.step();
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
+
+// Point 1, further: an optimizer destroyed in the middle of a step (its gradients replaced on one
+// rank) abandons its reduction before the tensors it holds go (ASan); the communicator goes on.
+BOOST_AUTO_TEST_CASE(an_optimizer_destroyed_mid_step_lets_go_of_nothing_in_flight) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int n = comm.size(), r = comm.rank();
+  wide m = wide_seeded(r);
+  {
+    cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+    loss_of(m, r, 0).backward();
+    if (r == n - 1) {
+      m->fc1->weight.mutable_grad() = torch::zeros_like(m->fc1->weight);
+    }
+  }
+  BOOST_TEST(!comm.grad_sync_pending());
+  std::vector<float> one(1, 1.0f);
+  comm.allreduce(one);
+  BOOST_TEST(one[0] == static_cast<float>(n));
 }

@@ -435,7 +435,7 @@ BOOST_AUTO_TEST_CASE(a_gradient_moved_after_grad_ready_is_an_error_at_step_on_ev
   opt.grad_ready(1);
   std::vector<float> old; // keeps the buffer the reduction writes into alive
   if (comm.rank() == n - 1) {
-    std::vector<float> fresh(model.g1.begin(), model.g1.end());
+    std::vector<float> fresh(5, 1.0f); // (not read from the old one: cohort's thread writes it)
     model.g1.swap(fresh);
     old.swap(fresh);
   }

@@ -86,6 +86,10 @@ void list_directory(const std::filesystem::path& directory, Visit&& visit) {
        entry.increment(code)) {
     visit(entry->path().filename().string());
   }
+  if (code == std::errc::not_a_directory) { // (something else stands where it should be)
+    throw checkpoint_io_error("cohort checkpoint: listing " + directory.string() +
+                              " failed: " + code.message());
+  }
   require_no_fault(code, directory, "listing");
 }
 

@@ -213,6 +213,11 @@ public:
     }
   }
 
+  //! A hook's owner that knows where backward passes begin (LibTorch's adapter) says so: a start
+  //! that failed on every rank in the last one is over (see grad_ready: without this call, a
+  //! backward is known to be new when it marks a gradient the failed one marked).
+  void backward_began() noexcept { clear_failed_start(); }
+
   //! With double buffering, waits for the last reduction and steps with it, so that no step's
   //! gradients are lost at the end of training. Otherwise does nothing. Collective.
   void finish() {
@@ -287,7 +292,8 @@ private:
   // compared with the memory it reads and writes (a gradient replaced since is an error on
   // every rank at the wait).
   void end_pending(step_end end) requires overlapping_communicator<communicator_type> {
-    if (!options_.double_buffering) { // (which reduces its own copies)
+    // (Double buffering reduces its own copies; dropped gradients may have moved harmlessly.)
+    if (!options_.double_buffering && end == step_end::update) {
       params_.collect(options_.missing, slots_, names_);
       comm_->verify_grad_sync(std::span<const grad_slot>(slots_));
     }
@@ -310,7 +316,7 @@ private:
     return true;
   }
 
-  void clear_failed_start() { start_failed_.store(false, std::memory_order_relaxed); }
+  void clear_failed_start() noexcept { start_failed_.store(false, std::memory_order_relaxed); }
 
   void require_syncing(std::string_view operation) const {
     if (no_sync_depth_.load(std::memory_order_relaxed) != 0) {

@@ -19,6 +19,7 @@
 #include <cohort/adapters/torch/window.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/fingerprint.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -136,8 +138,9 @@ public:
       , buffers_(torch::buffers(module))
       , sync_(detail::stepper<Optimizer>{std::move(optimizer)}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
-      , fired_(params_.size(), 0)
-      , held_(params_.size()) {
+      , fired_(params_.size(), 0) {
+    held_.reserve(2 * params_.size());
+    probes_.reserve(params_.size());
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
@@ -180,7 +183,7 @@ public:
   //! and the loss the optimizer sees is the mean over the ranks, so that every replica takes the
   //! same decisions. Collective, once per evaluation.
   at::Tensor step(::torch::optim::Optimizer::LossClosure closure) {
-    return inner().step([&]() -> at::Tensor {
+    return wrapped().step([&]() -> at::Tensor {
       const at::Tensor loss = closure();
       const release_on_exit release{*this};
       before_reduction();
@@ -201,10 +204,14 @@ public:
       set_to_none = false;
     }
     // A new step: even a backward that failed before its final callback is over.
-    const std::string failure = take_failure();
-    {
+    std::string failure = take_failure();
+    std::exception_ptr ending; // what ending the step threw: rethrown once the gradients are clear
+    try {
       const release_on_exit release{*this};
+      require_parameters_untouched();
       sync_.skip_step();
+    } catch (...) {
+      ending = std::current_exception();
     }
     for (parameter& p : params_) {
       at::Tensor& grad = p.value.mutable_grad();
@@ -217,6 +224,9 @@ public:
         grad.detach_();
         grad.zero_();
       }
+    }
+    if (ending) {
+      std::rethrow_exception(ending);
     }
     if (!failure.empty()) {
       throw invalid_argument(failure);
@@ -240,6 +250,7 @@ public:
   void skip_step() {
     const std::string failure = take_failure();
     const release_on_exit release{*this};
+    require_parameters_untouched();
     sync_.skip_step();
     if (!failure.empty()) {
       throw invalid_argument(failure);
@@ -287,7 +298,7 @@ private:
       if constexpr (overlap_possible) {
         if (!owner.comm().grad_sync_pending_for(&owner.sync_)) {
           const std::lock_guard lock(owner.mutex_);
-          std::fill(owner.held_.begin(), owner.held_.end(), at::Tensor());
+          owner.held_.clear(); // (its capacity stays: no allocation per step)
         }
       }
     }
@@ -363,8 +374,18 @@ private:
         // produced yet is given zeros, into which AccumulateGrad then adds (as after
         // zero_grad(false)).
         give_undefined_gradients_zeros();
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-          held_[i] = params_[i].value.grad();
+        // Nothing held is let go while a reduction of this optimizer is pending (a second
+        // backward before its step: its tensors may still be on cohort's thread).
+        if (!comm().grad_sync_pending_for(&sync_)) {
+          held_.clear();
+          probes_.clear();
+          for (const parameter& p : params_) {
+            probes_.push_back(probe(p.value));
+          }
+          sync_.backward_began(); // (a start that failed in the last backward is over)
+        }
+        for (const parameter& p : params_) {
+          hold(p.value.grad());
         }
         ::torch::autograd::Engine::get_default_engine().queue_callback(
             [this] { on_backward_end(); });
@@ -376,7 +397,7 @@ private:
         return;
       }
       fired_[index] = 1;
-      held_[index] = params_[index].value.grad(); // what the reduction reads from now on
+      hold(params_[index].value.grad()); // what the reduction reads from now on
       try {
         sync_.grad_ready(index);
       } catch (...) {
@@ -437,11 +458,72 @@ private:
     return std::exchange(failure_, std::string());
   }
 
+  // A pending reduction whose parameters changed while it ran: an optimizer stepped with the
+  // gradients cohort's thread was still writing (a reference to inner() kept from before
+  // backward, stepped before step()). The replicas may part: abandoned, an error on every rank.
+  void require_parameters_untouched() {
+    if constexpr (overlap_possible) {
+      if (!comm().grad_sync_pending_for(&sync_)) {
+        return;
+      }
+      std::string changed;
+      {
+        const std::lock_guard lock(mutex_);
+        for (std::size_t i = 0; i < params_.size() && i < probes_.size(); ++i) {
+          if (probe(params_[i].value) != probes_[i]) {
+            changed = params_[i].name;
+            break;
+          }
+        }
+      }
+      if (!changed.empty()) {
+        const std::string why =
+            "parameter '" + changed +
+            "' changed while its step's gradients were being reduced: an optimizer stepped "
+            "before step() with gradients cohort's thread was still writing (a reference to "
+            "inner() kept from before backward? call opt.inner() after backward: it waits)";
+        comm().abandon_grad_sync(why);
+        throw invalid_argument("cohort::torch::distributed_optimizer on rank " +
+                               std::to_string(comm().rank()) + ": " + why);
+      }
+    }
+  }
+
+  // Under mutex_.
+  void hold(const at::Tensor& grad) {
+    if (grad.defined()) {
+      held_.push_back({grad, grad.layout() == c10::kStrided && grad.has_storage()
+                                 ? grad.storage()
+                                 : c10::Storage()});
+    }
+  }
+
+  // A few of `value`'s elements (its first, middle and last), as a fingerprint of their bits: an
+  // optimizer's step changes them (LibTorch's own step through `p.data()`, which its version
+  // counter does not see).
+  static std::uint64_t probe(const at::Tensor& value) {
+    if (!value.defined() || value.numel() == 0 || value.layout() != c10::kStrided ||
+        !value.device().is_cpu()) {
+      return 0;
+    }
+    const auto* bytes = static_cast<const unsigned char*>(value.data_ptr());
+    const auto size = static_cast<std::size_t>(value.element_size());
+    const auto n = static_cast<std::size_t>(value.numel());
+    cohort::detail::fingerprint f;
+    for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, bytes + at * size, std::min<std::size_t>(size, sizeof word));
+      f.add(word);
+    }
+    return f.value();
+  }
+
   // Throws what the end of backward found, or gives unused parameters their zeros.
   void before_reduction() {
     if (std::string failure = take_failure(); !failure.empty()) {
       throw invalid_argument(failure);
     }
+    require_parameters_untouched();
     stream_order<Communicator>::follow(comm(), params_);
     if (options_.find_unused_parameters) {
       give_undefined_gradients_zeros();
@@ -470,10 +552,19 @@ private:
   distributed_options options_;
   std::vector<parameter> params_; // before sync_, which holds it by reference
   std::vector<parameter> buffers_;
+  // Every gradient an overlapped reduction reads or writes, held until the step ends (its tensor,
+  // and its storage: `set_` or a growing `resize_` would free a tensor's old storage); before
+  // sync_, whose destructor waits for cohort's thread. And a probe of each parameter's values
+  // when it began. Under mutex_.
+  struct held_gradient {
+    at::Tensor tensor;
+    c10::Storage storage;
+  };
+  std::vector<held_gradient> held_;
+  std::vector<std::uint64_t> probes_;
   sync_type sync_;
   std::mutex mutex_;
   std::vector<char> fired_;
-  std::vector<at::Tensor> held_; // under mutex_
   bool in_backward_ = false;
   std::string failure_; // found at the end of backward, thrown at the step
   std::vector<hook> hooks_;

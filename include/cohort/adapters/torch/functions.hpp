@@ -300,9 +300,11 @@ inline void accept_from(const collectives& c, const std::vector<std::int64_t>& e
 }
 
 // A send of x to `dest` whose node is recorded wherever x's dtype is floating and gradients are
-// recorded (as the receiver's recv is: see the header's comment).
+// recorded (as the receiver's recv is: see the header's comment). `offered`: the two ends compare
+// descriptions first (false where the caller sent the description itself, and the receiver
+// expects exactly it: multi_node_sequential's stages).
 inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tensor& x, int dest,
-                               int tag) {
+                               int tag, bool offered = true) {
   if (!x.defined() || !x.device().is_cpu()) {
     throw invalid_argument("cohort::torch::send on rank " + std::to_string(c->rank) +
                            ": the tensor is " + describe({x.defined() ? not_on_cpu : no_tensor}));
@@ -311,15 +313,20 @@ inline at::Tensor send_through(c10::intrusive_ptr<collectives> c, const at::Tens
     throw invalid_argument("cohort::torch::send on rank " + std::to_string(c->rank) +
                            ": the tensor is " + describe({too_many_dimensions}));
   }
-  offer_to(*c, x, dest, tag);
+  if (offered) {
+    offer_to(*c, x, dest, tag);
+  }
   const at::Tensor a = anchor(differentiable(x.scalar_type()), x.options());
   return send_function::apply(x, a, std::move(c), std::int64_t{dest}, std::int64_t{tag});
 }
 
 // A recv of a tensor of description `d` from `source`, recorded as the send at the other end is.
 inline at::Tensor recv_through(c10::intrusive_ptr<collectives> c,
-                               const std::vector<std::int64_t>& d, int source, int tag) {
-  accept_from(*c, d, source, tag);
+                               const std::vector<std::int64_t>& d, int source, int tag,
+                               bool offered = true) {
+  if (offered) {
+    accept_from(*c, d, source, tag);
+  }
   return recv_function::apply(anchor(differentiable(d), options_of(d)), std::move(c),
                               std::int64_t{source}, std::int64_t{tag},
                               at::empty(sizes_of(d), options_of(d)));
@@ -394,11 +401,12 @@ at::Tensor alltoall(Communicator& comm, const at::Tensor& x) {
 
 //! Sends `x` to rank `dest`. Returns once `dest`'s `recv` has matched it (as MPI_Ssend): the
 //! message carries x's description (dtype, shape), and a `recv` that expects another is a
-//! `mismatch_error` on both ends naming both, with nothing sent. So two ranks that exchange
-//! tensors must not both send first: one receives first (a ring: even ranks send first, odd
-//! ranks receive first), or they are told so. Returns a zero scalar that carries x's gradient:
-//! add it to this rank's loss (or call backward on it) and the backward pass receives, from
-//! `dest`, the gradient its `recv` got, and passes it on to `x`.
+//! `mismatch_error` on both ends naming both, with nothing sent. So ranks that exchange tensors
+//! must not all send first: one receives first (a ring: even ranks send first, odd ranks receive
+//! first). Two ranks that both send to each other first are told so; a longer cycle of sends
+//! waits until the communicator's timeout ends the job, naming the send. Returns a zero scalar that
+//! carries x's gradient: add it to this rank's loss (or call backward on it) and the backward pass
+//! receives, from `dest`, the gradient its `recv` got, and passes it on to `x`.
 template <class Communicator>
 at::Tensor send(Communicator& comm, const at::Tensor& x, int dest, int tag = 0) {
   return detail::send_through(detail::collectives_of(comm), x, dest, tag);

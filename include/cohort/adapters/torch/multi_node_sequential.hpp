@@ -145,7 +145,7 @@ public:
         if (d[0] < 0) { // the receiver throws on this description; the tensor is not sent
           throw invalid_argument(where(i) + "'s output is " + detail::describe(d));
         }
-        at::Tensor delegate = detail::send_through(comm_, out, s.to, tag_);
+        at::Tensor delegate = detail::send_through(comm_, out, s.to, tag_, /*offered=*/false);
         delegates = delegates.defined() ? delegates + delegate : delegate;
         current = at::Tensor();
       }
@@ -186,7 +186,7 @@ private:
                        ? std::string(" sent no tensor (a stage of its failed)")
                        : " sent " + detail::describe(d)));
     }
-    return detail::recv_through(comm_, d, source, tag_);
+    return detail::recv_through(comm_, d, source, tag_, /*offered=*/false);
   }
 
   // Collective: every rank's wiring, so that a tensor sent with no stage to receive it (or the
