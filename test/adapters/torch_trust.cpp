@@ -94,16 +94,31 @@ bool close_to(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b
   return true;
 }
 
+// A trainer on every rank: its own model (made equal by the optimizer), SGD over it, overlapped.
+struct trainer {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  int n = comm.size();
+  int r = comm.rank();
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer<torch::optim::SGD, cohort::flat> opt{
+      torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+
+  // After an error: the next step reduces and steps as usual, and the replicas are one.
+  bool next_step_works(int step) {
+    opt.zero_grad();
+    loss_of(m, r, step).backward();
+    opt.step();
+    return !comm.grad_sync_pending() && same_on_every_rank(comm, m->parameters());
+  }
+};
+
 } // namespace
 
 // Point 1: between backward and step() a trainer replaces a gradient. cohort's thread still
 // reads and writes the old one (held, so never freed under it), and the replaced one would
 // never get its reduced value: an error naming it on every rank. The next step just works.
-BOOST_AUTO_TEST_CASE(a_gradient_replaced_between_backward_and_step_is_an_error_naming_it) {
-  cohort::flat comm = cohort::make_communicator<cohort::flat>();
-  const int n = comm.size(), r = comm.rank();
-  wide m = wide_seeded(r);
-  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+BOOST_FIXTURE_TEST_CASE(a_gradient_replaced_between_backward_and_step_is_an_error_naming_it,
+                        trainer) {
   loss_of(m, r, 0).backward();
   if (r == n - 1) {
     for (auto& p : m->named_parameters()) {
@@ -117,21 +132,15 @@ BOOST_AUTO_TEST_CASE(a_gradient_replaced_between_backward_and_step_is_an_error_n
       message_has({"'fc2.weight'", "replaced after", "rank " + std::to_string(n - 1)}));
   BOOST_TEST(!comm.grad_sync_pending());
   // The step that threw is over on every rank: the next one reduces and steps.
-  opt.zero_grad();
-  loss_of(m, r, 1).backward();
-  opt.step();
-  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  BOOST_TEST(next_step_works(1));
 }
 
 // Point 1: zero_grad() between backward and step() (a loop that skips step() for a few
 // iterations) ends the reduction first, its gradients dropped on every rank; inner().step()
 // waits for the reduction and steps with the averaged gradients. Either way the replicas stay
 // identical and equal to one process taking the same steps.
-BOOST_AUTO_TEST_CASE(a_loop_that_skips_step_or_steps_the_inner_optimizer_stays_correct) {
-  cohort::flat comm = cohort::make_communicator<cohort::flat>();
-  const int n = comm.size(), r = comm.rank();
-  wide m = wide_seeded(r);
-  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+BOOST_FIXTURE_TEST_CASE(a_loop_that_skips_step_or_steps_the_inner_optimizer_stays_correct,
+                        trainer) {
   const int steps = 6;
   std::vector<bool> taken;
   for (int s = 0; s < steps; ++s) {
@@ -303,11 +312,7 @@ BOOST_AUTO_TEST_CASE(the_replica_check_of_a_checkpoint_names_the_buffer_that_dif
 // Point 7: a GAN's discriminator whose first backward is not inside its no_sync(): the second
 // backward marks its gradients again, and the message says where no_sync() goes. Point 8: the
 // step that threw on every rank is over; the next one just works.
-BOOST_AUTO_TEST_CASE(a_second_backward_outside_no_sync_says_where_no_sync_goes) {
-  cohort::flat comm = cohort::make_communicator<cohort::flat>();
-  const int r = comm.rank();
-  wide m = wide_seeded(r);
-  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+BOOST_FIXTURE_TEST_CASE(a_second_backward_outside_no_sync_says_where_no_sync_goes, trainer) {
   loss_of(m, r, 0).backward(); // (the real batch)
   loss_of(m, r, 1).backward(); // (the fake one)
   BOOST_CHECK_EXCEPTION(
@@ -327,51 +332,37 @@ BOOST_AUTO_TEST_CASE(a_second_backward_outside_no_sync_says_where_no_sync_goes) 
 // Point 8: a reduction that fails to start on every rank (a strided gradient on one) makes that
 // backward throw everywhere; the next iteration starts afresh with no call between, on every
 // rank alike.
-BOOST_AUTO_TEST_CASE(after_a_failed_start_the_next_backward_starts_afresh_on_every_rank) {
-  cohort::flat comm = cohort::make_communicator<cohort::flat>();
-  const int n = comm.size(), r = comm.rank();
-  wide m = wide_seeded(r);
-  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+BOOST_FIXTURE_TEST_CASE(after_a_failed_start_the_next_backward_starts_afresh_on_every_rank,
+                        trainer) {
   if (r == n - 1) { // a gradient that is a strided view: cohort refuses it, by name
     at::Tensor& grad = m->fc3->bias.mutable_grad();
     grad = torch::zeros({16}).slice(0, 0, 16, 2);
   }
   BOOST_CHECK_EXCEPTION(loss_of(m, r, 0).backward(), std::exception, message_has({"fc3.bias"}));
   BOOST_TEST(!comm.grad_sync_pending());
-  for (int s = 1; s < 3; ++s) {
-    opt.zero_grad();
-    loss_of(m, r, s).backward();
-    opt.step();
-  }
-  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  // No call of cohort's between: LibTorch's own zero_grad, and the next backward.
+  m->zero_grad(/*set_to_none=*/true);
+  loss_of(m, r, 1).backward();
+  opt.step();
+  BOOST_TEST(next_step_works(2));
 }
 
 // Point 1, further: a second backward before step() (the module's own zero_grad between) makes
 // new gradients while the first backward's reduction may still be on cohort's thread; nothing it
 // uses is let go (ASan), and the step says what happened.
-BOOST_AUTO_TEST_CASE(a_second_backward_after_the_modules_zero_grad_frees_nothing_in_flight) {
-  cohort::flat comm = cohort::make_communicator<cohort::flat>();
-  const int r = comm.rank();
-  wide m = wide_seeded(r);
-  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+BOOST_FIXTURE_TEST_CASE(a_second_backward_after_the_modules_zero_grad_frees_nothing_in_flight,
+                        trainer) {
   loss_of(m, r, 0).backward();
-  m->zero_grad(); // LibTorch's: the gradients cohort is reducing are let go here
+  m->zero_grad(/*set_to_none=*/true); // the gradients cohort is reducing are let go here
   loss_of(m, r, 1).backward();
   BOOST_CHECK_EXCEPTION(opt.step(), cohort::error, message_has({"marked ready twice"}));
-  opt.zero_grad();
-  loss_of(m, r, 2).backward();
-  opt.step();
-  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  BOOST_TEST(next_step_works(2));
 }
 
 // Point 1, further: a reference to inner() kept from before backward and stepped before step()
 // reads gradients cohort's thread is still writing; the parameters it changed are found when the
 // step ends, an error on every rank (the replicas may have parted: start again from the root's).
-BOOST_AUTO_TEST_CASE(an_inner_reference_stepped_during_the_reduction_is_an_error) {
-  cohort::flat comm = cohort::make_communicator<cohort::flat>();
-  const int r = comm.rank();
-  wide m = wide_seeded(r);
-  cohort::torch::distributed_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
+BOOST_FIXTURE_TEST_CASE(an_inner_reference_stepped_during_the_reduction_is_an_error, trainer) {
   torch::optim::SGD& kept = opt.inner(); // (before backward: nothing to wait for yet)
   loss_of(m, r, 0).backward();
   kept.step();
@@ -380,10 +371,7 @@ BOOST_AUTO_TEST_CASE(an_inner_reference_stepped_during_the_reduction_is_an_error
       message_has({"changed while its step's gradients were being reduced", "inner()"}));
   BOOST_TEST(!comm.grad_sync_pending());
   cohort::torch::broadcast_module(comm, *m);
-  opt.zero_grad();
-  loss_of(m, r, 1).backward();
-  opt.step();
-  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  BOOST_TEST(next_step_works(1));
 }
 
 // Point 1, further: an optimizer destroyed in the middle of a step (its gradients replaced on one
