@@ -392,3 +392,19 @@ BOOST_AUTO_TEST_CASE(an_optimizer_destroyed_mid_step_lets_go_of_nothing_in_fligh
   comm.allreduce(one);
   BOOST_TEST(one[0] == static_cast<float>(n));
 }
+
+// Point 1, further: a growing resize_ would swap a new buffer into a gradient's storage and free
+// the old one cohort's thread still writes: LibTorch refuses it while the reduction is in flight
+// (its sizes are changed all the same: the step names the gradient, on every rank), and the
+// storage is resizable again once the step is over.
+BOOST_FIXTURE_TEST_CASE(a_gradient_cannot_be_resized_while_it_is_reduced, trainer) {
+  loss_of(m, r, 0).backward();
+  at::Tensor grad = m->fc2->weight.grad();
+  const c10::Storage storage = grad.storage();
+  if (r == n - 1) {
+    BOOST_CHECK_THROW(grad.resize_({grad.numel() * 4}), c10::Error);
+  }
+  BOOST_CHECK_EXCEPTION(opt.step(), cohort::error, message_has({"'fc2.weight'"}));
+  BOOST_TEST(storage.resizable());
+  BOOST_TEST(next_step_works(1));
+}

@@ -167,8 +167,23 @@ public:
   distributed_optimizer(const distributed_optimizer&) = delete;
   distributed_optimizer& operator=(const distributed_optimizer&) = delete;
 
-  //! Removes the hooks (no backward may run meanwhile).
-  ~distributed_optimizer() { remove_hooks(); }
+  //! Removes the hooks (no backward may run meanwhile); a reduction still in flight is
+  //! abandoned (see cohort::distributed_optimizer's destructor) before the gradients it uses are
+  //! let go.
+  ~distributed_optimizer() {
+    remove_hooks();
+    if constexpr (overlap_possible) {
+      if (comm().grad_sync_pending_for(&sync_)) {
+        comm().abandon_grad_sync(std::uncaught_exceptions() > 0
+                                     ? "its distributed_optimizer was destroyed during the "
+                                       "unwinding of an exception, in the middle of a step"
+                                     : "its distributed_optimizer was destroyed in the middle of "
+                                       "a step");
+      }
+      const std::lock_guard lock(mutex_);
+      let_go();
+    }
+  }
 
   //! Averages the gradients over the ranks (or waits for the overlapped reduction), then steps
   //! the optimizer. Collective.
@@ -298,7 +313,7 @@ private:
       if constexpr (overlap_possible) {
         if (!owner.comm().grad_sync_pending_for(&owner.sync_)) {
           const std::lock_guard lock(owner.mutex_);
-          owner.held_.clear(); // (its capacity stays: no allocation per step)
+          owner.let_go();
         }
       }
     }
@@ -377,7 +392,7 @@ private:
         // Nothing held is let go while a reduction of this optimizer is pending (a second
         // backward before its step: its tensors may still be on cohort's thread).
         if (!comm().grad_sync_pending_for(&sync_)) {
-          held_.clear();
+          let_go();
           probes_.clear();
           for (const parameter& p : params_) {
             probes_.push_back(probe(p.value));
@@ -489,13 +504,31 @@ private:
     }
   }
 
-  // Under mutex_.
+  // Under mutex_. The storage is made not resizable meanwhile: a growing `resize_` would swap a
+  // new buffer into it and free the old one cohort's thread still uses (LibTorch then refuses it,
+  // naming the storage).
   void hold(const at::Tensor& grad) {
-    if (grad.defined()) {
-      held_.push_back({grad, grad.layout() == c10::kStrided && grad.has_storage()
-                                 ? grad.storage()
-                                 : c10::Storage()});
+    if (!grad.defined()) {
+      return;
     }
+    held_gradient held{grad, {}, false};
+    if (grad.layout() == c10::kStrided && grad.has_storage()) {
+      held.storage = grad.storage();
+      held.was_resizable = held.storage.resizable();
+      held.storage.unsafeGetStorageImpl()->set_resizable(false);
+    }
+    held_.push_back(std::move(held));
+  }
+
+  // Under mutex_, once no reduction of this optimizer is pending: what hold() held goes, each
+  // storage resizable again as it was (in reverse: one held twice was made not resizable once).
+  void let_go() noexcept {
+    for (auto held = held_.rbegin(); held != held_.rend(); ++held) {
+      if (held->storage && held->was_resizable) {
+        held->storage.unsafeGetStorageImpl()->set_resizable(true);
+      }
+    }
+    held_.clear(); // (its capacity stays: no allocation per step)
   }
 
   // A few of `value`'s elements (its first, middle and last), as a fingerprint of their bits: an
@@ -503,7 +536,7 @@ private:
   // counter does not see).
   static std::uint64_t probe(const at::Tensor& value) {
     if (!value.defined() || value.numel() == 0 || value.layout() != c10::kStrided ||
-        !value.device().is_cpu()) {
+        !value.device().is_cpu() || !value.is_non_overlapping_and_dense()) {
       return 0;
     }
     const auto* bytes = static_cast<const unsigned char*>(value.data_ptr());
@@ -553,12 +586,13 @@ private:
   std::vector<parameter> params_; // before sync_, which holds it by reference
   std::vector<parameter> buffers_;
   // Every gradient an overlapped reduction reads or writes, held until the step ends (its tensor,
-  // and its storage: `set_` or a growing `resize_` would free a tensor's old storage); before
-  // sync_, whose destructor waits for cohort's thread. And a probe of each parameter's values
-  // when it began. Under mutex_.
+  // and its storage, made not resizable: `set_` would free a tensor's old storage, a growing
+  // `resize_` a storage's old buffer); before sync_, whose destructor waits for cohort's thread.
+  // And a probe of each parameter's values when it began. Under mutex_.
   struct held_gradient {
     at::Tensor tensor;
     c10::Storage storage;
+    bool was_resizable;
   };
   std::vector<held_gradient> held_;
   std::vector<std::uint64_t> probes_;
