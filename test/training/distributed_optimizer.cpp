@@ -3,6 +3,7 @@
 #include <cohort/cohort.hpp>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -421,6 +422,16 @@ BOOST_AUTO_TEST_CASE(grad_ready_from_many_threads_from_the_first_step) {
   }
 }
 
+// A backward pass whose gradients are all ones, its hooks marking them in `order`.
+template <class Optimizer>
+void backward_of_ones(replica& model, Optimizer& opt, std::initializer_list<std::size_t> order) {
+  model.g1.assign(5, 1.0f);
+  model.g2.assign(3, 1.0f);
+  for (const std::size_t i : order) {
+    opt.grad_ready(i);
+  }
+}
+
 // Issue 30, point 1: a gradient that moved between grad_ready and step() (its vector replaced)
 // would never receive its reduced value: an error naming it on every rank, and the next step
 // reduces and steps as usual.
@@ -429,10 +440,7 @@ BOOST_AUTO_TEST_CASE(a_gradient_moved_after_grad_ready_is_an_error_at_step_on_ev
   const int n = comm.size();
   replica model(comm.rank());
   cohort::distributed_optimizer opt{model.optimizer(), comm, model.params};
-  model.g1.assign(5, 1.0f);
-  model.g2.assign(3, 1.0f);
-  opt.grad_ready(0);
-  opt.grad_ready(1);
+  backward_of_ones(model, opt, {0, 1});
   std::vector<float> old; // keeps the buffer the reduction writes into alive
   if (comm.rank() == n - 1) {
     std::vector<float> fresh(5, 1.0f); // (not read from the old one: cohort's thread writes it)
@@ -444,10 +452,7 @@ BOOST_AUTO_TEST_CASE(a_gradient_moved_after_grad_ready_is_an_error_at_step_on_ev
                                      "rank " + std::to_string(n - 1)}));
   BOOST_TEST(opt.inner().steps == 0);
   BOOST_TEST(!comm.grad_sync_pending());
-  model.g1.assign(5, 1.0f);
-  model.g2.assign(3, 1.0f);
-  opt.grad_ready(1);
-  opt.grad_ready(0);
+  backward_of_ones(model, opt, {1, 0});
   opt.step();
   BOOST_TEST(opt.inner().steps == 1);
   BOOST_TEST(model.g1 == std::vector<float>(5, 1.0f), boost::test_tools::per_element());
@@ -462,10 +467,7 @@ BOOST_AUTO_TEST_CASE(dropping_the_reduced_gradients_on_one_rank_only_is_an_error
   }
   replica model(comm.rank());
   cohort::distributed_optimizer opt{model.optimizer(), comm, model.params};
-  model.g1.assign(5, 1.0f);
-  model.g2.assign(3, 1.0f);
-  opt.grad_ready(0);
-  opt.grad_ready(1);
+  backward_of_ones(model, opt, {0, 1});
   const auto ends = [&] { comm.rank() == 0 ? opt.skip_step() : opt.step(); };
   BOOST_CHECK_EXCEPTION(
       ends(), cohort::mismatch_error,
@@ -486,9 +488,7 @@ BOOST_AUTO_TEST_CASE(after_a_start_that_failed_on_every_rank_the_next_backward_s
   BOOST_CHECK_EXCEPTION(opt.grad_ready(1), cohort::error, message_has({"w1"}));
   BOOST_TEST(!comm.grad_sync_pending());
   // The next backward (its hooks mark the same gradients again).
-  model.g1.assign(5, 1.0f);
-  opt.grad_ready(1);
-  opt.grad_ready(0);
+  backward_of_ones(model, opt, {1, 0});
   opt.step();
   BOOST_TEST(opt.inner().steps == 1);
   BOOST_TEST(model.g1 == std::vector<float>(5, 1.0f), boost::test_tools::per_element());

@@ -377,10 +377,8 @@ private:
     for (std::string& note : checkpoint::on_rank_0(comm_, directory_, [&] {
            return checkpoint::set_aside_later_than(directory_, step);
          })) {
-      note_skipped(std::move(note));
+      note_skipped(std::move(note)); // (on every rank alike, as every note of a resume)
     }
-    // Every rank's skipped() the same; and when resume returns, they are set aside.
-    skipped_ = comm_.bcast_obj(skipped_);
   }
 
   // Kept for skipped(), and printed once (by rank 0).

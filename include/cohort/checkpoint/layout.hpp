@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -57,28 +58,31 @@ inline std::string part_name(std::string_view role, int index, int ranks) {
 }
 
 //! Throws `checkpoint_io_error` for a failed call of the system's on `path` (`doing` it), unless
-//! it failed because the path is not there.
+//! it failed because the path is not there (`missing` says which errors mean that).
 inline void require_no_fault(const std::error_code& code, const std::filesystem::path& path,
-                             std::string_view doing) {
-  if (code && code != std::errc::no_such_file_or_directory && code != std::errc::not_a_directory) {
+                             std::string_view doing, std::initializer_list<std::errc> missing) {
+  if (code && std::none_of(missing.begin(), missing.end(),
+                           [&](std::errc absent) { return code == absent; })) {
     throw checkpoint_io_error("cohort checkpoint: " + std::string(doing) + " " + path.string() +
                               " failed: " + code.message());
   }
 }
 
-//! Whether `path` is a regular file (false when it is not there); `checkpoint_io_error` when the
-//! machine cannot tell (EACCES, EIO...): a checkpoint whose manifest cannot be read is not one
-//! without a manifest.
+//! Whether `path` is a regular file (false when it, or a directory on its way, is not there);
+//! `checkpoint_io_error` when the machine cannot tell (EACCES, EIO...): a checkpoint whose
+//! manifest cannot be read is not one without a manifest.
 inline bool is_file(const std::filesystem::path& path) {
   std::error_code code;
   const bool file = std::filesystem::is_regular_file(path, code);
-  require_no_fault(code, path, "looking at");
+  require_no_fault(code, path, "looking at",
+                   {std::errc::no_such_file_or_directory, std::errc::not_a_directory});
   return file;
 }
 
 //! Calls `visit(name)` for every entry of `directory` (none if it is not there); a listing that
-//! fails (EMFILE, EIO, EACCES...) throws `checkpoint_io_error`: read as "nothing there", it would
-//! silently restart training from scratch.
+//! fails (EMFILE, EIO, EACCES, a file where the directory should be) throws
+//! `checkpoint_io_error`: read as "nothing there", it would silently restart training from
+//! scratch.
 template <class Visit>
 void list_directory(const std::filesystem::path& directory, Visit&& visit) {
   std::error_code code;
@@ -86,11 +90,7 @@ void list_directory(const std::filesystem::path& directory, Visit&& visit) {
        entry.increment(code)) {
     visit(entry->path().filename().string());
   }
-  if (code == std::errc::not_a_directory) { // (something else stands where it should be)
-    throw checkpoint_io_error("cohort checkpoint: listing " + directory.string() +
-                              " failed: " + code.message());
-  }
-  require_no_fault(code, directory, "listing");
+  require_no_fault(code, directory, "listing", {std::errc::no_such_file_or_directory});
 }
 
 //! The steps under `directory` whose checkpoint is complete (it has a manifest), or, with

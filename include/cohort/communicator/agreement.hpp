@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,28 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+// Whether every rank of `comm` has the same `f` (collective: one 16-byte all-reduce). max(h) and
+// max(~h) = ~min(h) (~ reverses the order of signed values too): equal on every rank exactly when
+// every rank has the same h.
+template <class Communicator>
+bool same_on_every_rank(Communicator& comm, const fingerprint& f) {
+  const auto hash = static_cast<std::int64_t>(f.value());
+  std::array<std::int64_t, 2> bounds = {hash, ~hash};
+  comm.allreduce(bounds, reduce_op::max);
+  return bounds[0] == ~bounds[1];
+}
+
+} // namespace detail
+
+//! A number as a setting's value: every bit of it (%.17g), so that ranks whose values differ in
+//! the last bit differ here too.
+inline std::string exact_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
 
 //! The names (of metrics, say) that every rank holds, in the same order, compared through the
 //! front door of `comm` (watched, like any collective). A rank with no names at all takes the
@@ -38,12 +61,7 @@ std::vector<std::string> agree_on_names(Communicator& comm, std::vector<std::str
   for (const auto& name : names) {
     f.add(name);
   }
-  // max(h) and max(~h) = ~min(h) (~ reverses the order of signed values too): equal on every
-  // rank exactly when every rank has the same h.
-  const auto hash = static_cast<std::int64_t>(f.value());
-  std::array<std::int64_t, 2> bounds = {hash, ~hash};
-  comm.allreduce(bounds, reduce_op::max);
-  if (bounds[0] == ~bounds[1]) {
+  if (detail::same_on_every_rank(comm, f)) {
     return names;
   }
   const auto all = comm.allgather_obj(names);
@@ -82,10 +100,7 @@ void agree_on_settings(Communicator& comm, const std::vector<setting>& settings,
   for (const setting& s : settings) {
     f.add(s.label).add(s.description);
   }
-  const auto hash = static_cast<std::int64_t>(f.value());
-  std::array<std::int64_t, 2> bounds = {hash, ~hash};
-  comm.allreduce(bounds, reduce_op::max);
-  if (bounds[0] == ~bounds[1]) {
+  if (detail::same_on_every_rank(comm, f)) {
     return;
   }
   std::vector<std::string> flat;

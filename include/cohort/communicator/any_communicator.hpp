@@ -317,11 +317,9 @@ public:
   void mark_all_ready() requires overlapping {
     call([](auto& c) { c.mark_all_ready(); });
   }
-  void wait_grad_sync(step_end end = step_end::update) requires overlapping {
-    call([end](auto& c) { c.wait_grad_sync(end); });
-  }
-  void verify_grad_sync(std::span<const grad_slot> now) requires overlapping {
-    call([now](auto& c) { c.verify_grad_sync(now); });
+  void wait_grad_sync(step_end end = step_end::update,
+                      std::span<const grad_slot> now = {}) requires overlapping {
+    call([end, now](auto& c) { c.wait_grad_sync(end, now); });
   }
   bool grad_sync_pending() const noexcept {
     return read([](const auto& c) { return c.grad_sync_pending(); });

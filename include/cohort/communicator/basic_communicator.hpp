@@ -239,21 +239,18 @@ public:
   }
 
   //! Marks the rest ready, and waits until every bucket is reduced. Collective (the ranks agree
-  //! on `end` too). Rethrows the first error on every rank.
-  void wait_grad_sync(step_end end = step_end::update) {
+  //! on `end` too). Rethrows the first error on every rank. `now`, if given, is the gradients as
+  //! they are: one that moved since the reduction read it is an error naming it, on every rank.
+  void wait_grad_sync(step_end end = step_end::update, std::span<const grad_slot> now = {}) {
     {
       const std::lock_guard lock(sync_->mutex());
       sync_->require_pending(checks(), "wait");
+      if (!now.empty()) {
+        sync_->verify_unmoved(now);
+      }
       sync_->mark_rest_ready();
     }
     sync_->finish(end);
-  }
-
-  //! `now` (the gradients as they are) against the views the pending reduction uses: one replaced
-  //! since is an error naming it, on every rank, at the wait.
-  void verify_grad_sync(std::span<const grad_slot> now) {
-    const std::lock_guard lock(sync_->mutex());
-    sync_->verify_unmoved(now);
   }
 
   //! Ends a pending overlapped reduction without sending what was not marked ready: a rank must

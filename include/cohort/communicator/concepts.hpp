@@ -71,8 +71,7 @@ concept overlapping_communicator = communicator<C> && !requires {
   c.grad_ready_for(owner, source, detail::reducer_archetype{}, grad_sync_options{}, i);
   c.mark_all_ready();
   c.wait_grad_sync();
-  c.wait_grad_sync(step_end::discard);
-  c.verify_grad_sync(slots);
+  c.wait_grad_sync(step_end::update, slots);
   c.abandon_grad_sync("why");
   c.validate_grad_sync(slots, detail::reducer_archetype{}, missing_grad::report);
   { cc.grad_sync_pending() } -> std::same_as<bool>;

@@ -288,16 +288,16 @@ private:
     comm_->allreduce_grad(params_, reducer_, grad_sync_options{options_.missing});
   }
 
-  // Waits for this optimizer's overlapped reduction, once the gradients as they are now are
-  // compared with the memory it reads and writes (a gradient replaced since is an error on
-  // every rank at the wait).
+  // Waits for this optimizer's overlapped reduction, its gradients as they are now compared with
+  // the memory it reads and writes (a gradient replaced since is an error on every rank).
+  // (Double buffering reduces its own copies; dropped gradients may have moved harmlessly.)
   void end_pending(step_end end) requires overlapping_communicator<communicator_type> {
-    // (Double buffering reduces its own copies; dropped gradients may have moved harmlessly.)
-    if (!options_.double_buffering && end == step_end::update) {
-      params_.collect(options_.missing, slots_, names_);
-      comm_->verify_grad_sync(std::span<const grad_slot>(slots_));
+    if (options_.double_buffering || end == step_end::discard) {
+      comm_->wait_grad_sync(end);
+      return;
     }
-    comm_->wait_grad_sync(end);
+    params_.collect(options_.missing, slots_, names_);
+    comm_->wait_grad_sync(end, std::span<const grad_slot>(slots_));
   }
 
   // Whether grad_ready(index) after a failed start belongs to a new backward, the failed one

@@ -15,7 +15,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <string>
@@ -61,14 +60,12 @@ public:
   //! rank naming the option and both values.
   template <communicator Communicator>
   bool update(Communicator& comm, const local_metrics& metrics, int root = 0) {
-    char min_delta[32];
-    std::snprintf(min_delta, sizeof min_delta, "%.17g", options_.min_delta);
     agree_on_settings(
         comm,
         {{"option 'monitor'", "'" + options_.monitor + "'"},
          {"option 'maximize'", options_.maximize ? "true" : "false"},
          {"option 'patience'", std::to_string(options_.patience)},
-         {"option 'min_delta'", min_delta},
+         {"option 'min_delta'", exact_text(options_.min_delta)},
          {"the root", std::to_string(root)},
          {"the evaluations counted", std::to_string(evaluations_)},
          {"the evaluations without improvement", std::to_string(without_improvement_)}},

@@ -17,7 +17,6 @@
 
 #include <ATen/ATen.h>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <string>
 #include <torch/autograd.h>
@@ -184,12 +183,9 @@ public:
   at::Tensor forward(const at::Tensor& x) {
     const bool communicates = is_training() || !options_.track_running_stats;
     if (communicates && agree_) {
-      char number[2][32];
-      std::snprintf(number[0], sizeof number[0], "%.17g", options_.eps);
-      std::snprintf(number[1], sizeof number[1], "%.17g", options_.momentum);
       agree_({{"the channels", std::to_string(channels_)},
-              {"option 'eps'", number[0]},
-              {"option 'momentum'", number[1]},
+              {"option 'eps'", exact_text(options_.eps)},
+              {"option 'momentum'", exact_text(options_.momentum)},
               {"option 'affine'", options_.affine ? "true" : "false"},
               {"option 'track_running_stats'", options_.track_running_stats ? "true" : "false"}});
       agree_ = nullptr; // (once they agreed: after a mismatch, the next forward compares again)

@@ -13,13 +13,13 @@
 // The hooks use LibTorch's autograd API that 1.13 and 2.x share (`impl::grad_accumulator`,
 // `Node::add_post_hook`, `Engine::queue_callback`), not c10d.
 
+#include <cohort/adapters/torch/detail/in_flight.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/window.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
-#include <cohort/detail/fingerprint.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
@@ -36,6 +36,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -139,8 +140,6 @@ public:
       , sync_(detail::stepper<Optimizer>{std::move(optimizer)}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
       , fired_(params_.size(), 0) {
-    held_.reserve(2 * params_.size());
-    probes_.reserve(params_.size());
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
@@ -181,7 +180,7 @@ public:
                                        "a step");
       }
       const std::lock_guard lock(mutex_);
-      let_go();
+      in_flight_.let_go();
     }
   }
 
@@ -313,7 +312,7 @@ private:
       if constexpr (overlap_possible) {
         if (!owner.comm().grad_sync_pending_for(&owner.sync_)) {
           const std::lock_guard lock(owner.mutex_);
-          owner.let_go();
+          owner.in_flight_.let_go();
         }
       }
     }
@@ -392,15 +391,12 @@ private:
         // Nothing held is let go while a reduction of this optimizer is pending (a second
         // backward before its step: its tensors may still be on cohort's thread).
         if (!comm().grad_sync_pending_for(&sync_)) {
-          let_go();
-          probes_.clear();
-          for (const parameter& p : params_) {
-            probes_.push_back(probe(p.value));
-          }
+          in_flight_.begin(params_);
           sync_.backward_began(); // (a start that failed in the last backward is over)
-        }
-        for (const parameter& p : params_) {
-          hold(p.value.grad());
+        } else {
+          for (const parameter& p : params_) {
+            in_flight_.hold(p.value.grad());
+          }
         }
         ::torch::autograd::Engine::get_default_engine().queue_callback(
             [this] { on_backward_end(); });
@@ -412,7 +408,7 @@ private:
         return;
       }
       fired_[index] = 1;
-      hold(params_[index].value.grad()); // what the reduction reads from now on
+      in_flight_.mark(index, params_[index].value.grad()); // what it reads from now on
       try {
         sync_.grad_ready(index);
       } catch (...) {
@@ -481,19 +477,14 @@ private:
       if (!comm().grad_sync_pending_for(&sync_)) {
         return;
       }
-      std::string changed;
+      std::optional<std::size_t> changed;
       {
         const std::lock_guard lock(mutex_);
-        for (std::size_t i = 0; i < params_.size() && i < probes_.size(); ++i) {
-          if (probe(params_[i].value) != probes_[i]) {
-            changed = params_[i].name;
-            break;
-          }
-        }
+        changed = in_flight_.changed(params_);
       }
-      if (!changed.empty()) {
+      if (changed) {
         const std::string why =
-            "parameter '" + changed +
+            "parameter '" + params_[*changed].name +
             "' changed while its step's gradients were being reduced: an optimizer stepped "
             "before step() with gradients cohort's thread was still writing (a reference to "
             "inner() kept from before backward? call opt.inner() after backward: it waits)";
@@ -502,53 +493,6 @@ private:
                                std::to_string(comm().rank()) + ": " + why);
       }
     }
-  }
-
-  // Under mutex_. The storage is made not resizable meanwhile: a growing `resize_` would swap a
-  // new buffer into it and free the old one cohort's thread still uses (LibTorch then refuses it,
-  // naming the storage).
-  void hold(const at::Tensor& grad) {
-    if (!grad.defined()) {
-      return;
-    }
-    held_gradient held{grad, {}, false};
-    if (grad.layout() == c10::kStrided && grad.has_storage()) {
-      held.storage = grad.storage();
-      held.was_resizable = held.storage.resizable();
-      held.storage.unsafeGetStorageImpl()->set_resizable(false);
-    }
-    held_.push_back(std::move(held));
-  }
-
-  // Under mutex_, once no reduction of this optimizer is pending: what hold() held goes, each
-  // storage resizable again as it was (in reverse: one held twice was made not resizable once).
-  void let_go() noexcept {
-    for (auto held = held_.rbegin(); held != held_.rend(); ++held) {
-      if (held->storage && held->was_resizable) {
-        held->storage.unsafeGetStorageImpl()->set_resizable(true);
-      }
-    }
-    held_.clear(); // (its capacity stays: no allocation per step)
-  }
-
-  // A few of `value`'s elements (its first, middle and last), as a fingerprint of their bits: an
-  // optimizer's step changes them (LibTorch's own step through `p.data()`, which its version
-  // counter does not see).
-  static std::uint64_t probe(const at::Tensor& value) {
-    if (!value.defined() || value.numel() == 0 || value.layout() != c10::kStrided ||
-        !value.device().is_cpu() || !value.is_non_overlapping_and_dense()) {
-      return 0;
-    }
-    const auto* bytes = static_cast<const unsigned char*>(value.data_ptr());
-    const auto size = static_cast<std::size_t>(value.element_size());
-    const auto n = static_cast<std::size_t>(value.numel());
-    cohort::detail::fingerprint f;
-    for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
-      std::uint64_t word = 0;
-      std::memcpy(&word, bytes + at * size, std::min<std::size_t>(size, sizeof word));
-      f.add(word);
-    }
-    return f.value();
   }
 
   // Throws what the end of backward found, or gives unused parameters their zeros.
@@ -585,17 +529,9 @@ private:
   distributed_options options_;
   std::vector<parameter> params_; // before sync_, which holds it by reference
   std::vector<parameter> buffers_;
-  // Every gradient an overlapped reduction reads or writes, held until the step ends (its tensor,
-  // and its storage, made not resizable: `set_` would free a tensor's old storage, a growing
-  // `resize_` a storage's old buffer); before sync_, whose destructor waits for cohort's thread.
-  // And a probe of each parameter's values when it began. Under mutex_.
-  struct held_gradient {
-    at::Tensor tensor;
-    c10::Storage storage;
-    bool was_resizable;
-  };
-  std::vector<held_gradient> held_;
-  std::vector<std::uint64_t> probes_;
+  // The step in flight's gradients, held until it ends; before sync_, whose destructor waits for
+  // cohort's thread. Under mutex_.
+  detail::in_flight in_flight_{params_.size()};
   sync_type sync_;
   std::mutex mutex_;
   std::vector<char> fired_;

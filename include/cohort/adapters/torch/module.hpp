@@ -5,6 +5,7 @@
 // buffers' average over the ranks.
 
 #include <cohort/adapters/torch/tensor.hpp>
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
@@ -98,7 +99,8 @@ void broadcast_module(Communicator& comm, const ::torch::nn::Module& module, int
 //! summed in float32. Integer buffers (`num_batches_tracked`), which a mean would not keep whole,
 //! are `root`'s on every rank: a rank that ran a training-mode forward the others did not (a GAN
 //! sampling on rank 0) counts no more than they do. The ranks first agree on the buffers' names,
-//! sizes and dtypes (else `mismatch_error` on every rank, naming the first that differs).
+//! sizes and dtypes (else `mismatch_error` on every rank, naming the first that differs): one
+//! 16-byte all-reduce when they do.
 template <class Communicator>
 void average_buffers(Communicator& comm, const ::torch::nn::Module& module, int root = 0) {
   std::vector<parameter> floating;
@@ -109,27 +111,14 @@ void average_buffers(Communicator& comm, const ::torch::nn::Module& module, int 
   comm.broadcast_parameters(integral, root); // (every rank, empty or not: they agree there)
   // The ranks agree on what they average first (a bad layout would otherwise be averaged into
   // nonsense wherever its total size happened to match).
-  std::vector<std::string> mine;
-  mine.reserve(floating.size());
+  std::vector<setting> described;
+  described.reserve(floating.size());
   for (const parameter& b : floating) {
-    mine.push_back(b.name + " (" + std::to_string(b.value.numel()) + " " +
-                   std::string(c10::toString(b.value.scalar_type())) + ")");
+    described.push_back(
+        {"floating-point buffer", b.name + " (" + std::to_string(b.value.numel()) + " " +
+                                      std::string(c10::toString(b.value.scalar_type())) + ")"});
   }
-  const std::vector<std::vector<std::string>> all = comm.allgather_obj(mine);
-  for (std::size_t r = 1; r < all.size(); ++r) {
-    if (all[r] != all[0]) {
-      std::size_t i = 0;
-      while (i < all[0].size() && i < all[r].size() && all[0][i] == all[r][i]) {
-        ++i;
-      }
-      const auto item = [&](std::size_t rank) {
-        return i < all[rank].size() ? "buffer " + all[rank][i] : std::string("no buffer");
-      };
-      throw mismatch_error("cohort: average_buffers: floating-point buffer #" + std::to_string(i) +
-                           " is " + item(0) + " on rank 0 but " + item(r) + " on rank " +
-                           std::to_string(r));
-    }
-  }
+  agree_on_settings(comm, described, "average_buffers");
   if (floating.empty()) {
     return;
   }

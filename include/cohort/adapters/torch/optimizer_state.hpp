@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <c10/util/Type.h>
 #include <cstddef>
-#include <cstdio>
 #include <exception>
 #include <optional>
 #include <sstream>
@@ -134,9 +133,7 @@ inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_
 // here).
 inline std::string option_text(const c10::IValue& value) {
   if (value.isDouble()) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.17g", value.toDouble());
-    return text;
+    return exact_text(value.toDouble());
   }
   std::ostringstream out;
   out << value;

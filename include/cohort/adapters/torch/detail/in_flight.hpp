@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What cohort::torch::distributed_optimizer keeps of a step whose gradients are being reduced on
+// cohort's thread: every gradient that reduction reads or writes, held until the step ends, and
+// a probe of each parameter's values from when it began.
+
+#include <cohort/adapters/torch/module.hpp>
+#include <cohort/config.hpp>
+#include <cohort/detail/fingerprint.hpp>
+
+#include <ATen/ATen.h>
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace torch::detail {
+
+//! The gradients of one reduction in flight and the parameters' probes (the caller serializes
+//! every call: the autograd engine's hooks and the trainer's thread both use it).
+class in_flight {
+public:
+  explicit in_flight(std::size_t parameters) {
+    held_.reserve(parameters);
+    probes_.reserve(parameters);
+  }
+
+  in_flight(const in_flight&) = delete;
+  in_flight& operator=(const in_flight&) = delete;
+  ~in_flight() { let_go(); }
+
+  //! A reduction of `params` begins: their gradients are held and their values probed.
+  void begin(const std::vector<parameter>& params) {
+    let_go();
+    for (const parameter& p : params) {
+      hold(p.value.grad());
+      probes_.push_back(probe(p.value));
+    }
+  }
+
+  //! Holds gradient `index` as it is now (it is read from now on) unless it is the one held.
+  void mark(std::size_t index, const at::Tensor& grad) {
+    if (index >= probes_.size() || !grad.is_same(held_[index].tensor)) {
+      hold(grad);
+    }
+  }
+
+  //! Holds `grad` too (a second backward before the step: what the first held stays).
+  void hold(const at::Tensor& grad) {
+    // Its storage too, made not resizable meanwhile: `set_` would free the tensor's old storage,
+    // and a growing `resize_` the storage's old buffer, which cohort's thread still uses
+    // (LibTorch then refuses the resize).
+    held_gradient held{grad, {}, false};
+    if (grad.defined() && grad.layout() == c10::kStrided && grad.has_storage()) {
+      held.storage = grad.storage();
+      held.was_resizable = held.storage.resizable();
+      held.storage.unsafeGetStorageImpl()->set_resizable(false);
+    }
+    held_.push_back(std::move(held));
+  }
+
+  //! The first of `params` whose values changed since `begin` (an optimizer stepped meanwhile),
+  //! if any.
+  std::optional<std::size_t> changed(const std::vector<parameter>& params) const {
+    for (std::size_t i = 0; i < params.size() && i < probes_.size(); ++i) {
+      if (probe(params[i].value) != probes_[i]) {
+        return i;
+      }
+    }
+    return std::nullopt;
+  }
+
+  //! Once no reduction is pending: what was held goes, each storage resizable again as it was
+  //! (in reverse: one held twice was made not resizable once).
+  void let_go() noexcept {
+    for (auto held = held_.rbegin(); held != held_.rend(); ++held) {
+      if (held->storage && held->was_resizable) {
+        held->storage.unsafeGetStorageImpl()->set_resizable(true);
+      }
+    }
+    held_.clear(); // (the capacities stay: no allocation per step)
+    probes_.clear();
+  }
+
+private:
+  struct held_gradient {
+    at::Tensor tensor;
+    c10::Storage storage;
+    bool was_resizable;
+  };
+
+  // A few of `value`'s elements (its first, middle and last), as a fingerprint of their bits:
+  // an optimizer's step changes them (LibTorch's own step writes through `p.data()`, which the
+  // parameter's version counter does not see). Best effort: a step that changes none of the
+  // three is not seen.
+  static std::uint64_t probe(const at::Tensor& value) {
+    if (!value.defined() || value.numel() == 0 || value.layout() != c10::kStrided ||
+        !value.device().is_cpu() || !value.is_non_overlapping_and_dense()) {
+      return 0;
+    }
+    const auto* bytes = static_cast<const unsigned char*>(value.data_ptr());
+    const auto size = static_cast<std::size_t>(value.element_size());
+    const auto n = static_cast<std::size_t>(value.numel());
+    cohort::detail::fingerprint f;
+    for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, bytes + at * size, std::min<std::size_t>(size, sizeof word));
+      f.add(word);
+    }
+    return f.value();
+  }
+
+  std::vector<held_gradient> held_; // the first ones: the gradients `begin` held, by index
+  std::vector<std::uint64_t> probes_;
+};
+
+} // namespace torch::detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort
