@@ -300,32 +300,47 @@ public:
   void abandon_grad_sync(std::string_view why) noexcept requires overlapping {
     call([&](auto& c) { c.abandon_grad_sync(why); });
   }
+  void abandon_grad_sync_for(const void* owner,
+                             std::string_view why) noexcept requires overlapping {
+    call([&](auto& c) { c.abandon_grad_sync_for(owner, why); });
+  }
+  bool take_kept_grad_sync(const void* owner) noexcept requires overlapping {
+    bool kept = false;
+    call([&](auto& c) { kept = c.take_kept_grad_sync(owner); });
+    return kept;
+  }
+  void forget_grad_sync_owner(const void* owner) noexcept requires overlapping {
+    call([&](auto& c) { c.forget_grad_sync_owner(owner); });
+  }
   template <reducer Reducer>
   requires overlapping void validate_grad_sync(std::span<const grad_slot> slots,
                                                const Reducer& reducer, missing_grad missing) {
     call([&](auto& c) { c.validate_grad_sync(slots, reducer, missing); });
   }
-  bool grad_sync_complete() const requires overlapping {
-    return read([](const auto& c) { return c.grad_sync_complete(); });
+  bool grad_sync_complete(const void* owner = nullptr) const requires overlapping {
+    return read([&](const auto& c) { return c.grad_sync_complete(owner); });
   }
   bool grad_sync_pending_for(const void* owner) const noexcept {
     return read([&](const auto& c) { return c.grad_sync_pending_for(owner); });
   }
-  void grad_ready(std::size_t index) requires overlapping {
-    call([&](auto& c) { c.grad_ready(index); });
+  void grad_ready(std::size_t index, const void* owner = nullptr) requires overlapping {
+    call([&](auto& c) { c.grad_ready(index, owner); });
   }
-  void mark_all_ready() requires overlapping {
-    call([](auto& c) { c.mark_all_ready(); });
+  void mark_all_ready(const void* owner = nullptr) requires overlapping {
+    call([&](auto& c) { c.mark_all_ready(owner); });
   }
-  void wait_grad_sync(step_end end = step_end::update,
-                      std::span<const grad_slot> now = {}) requires overlapping {
-    call([end, now](auto& c) { c.wait_grad_sync(end, now); });
+  void wait_grad_sync(step_end end = step_end::update, std::span<const grad_slot> now = {},
+                      const void* owner = nullptr) requires overlapping {
+    call([&](auto& c) { c.wait_grad_sync(end, now, owner); });
   }
   bool grad_sync_pending() const noexcept {
     return read([](const auto& c) { return c.grad_sync_pending(); });
   }
   std::uint64_t grad_sync_generation() const noexcept {
     return read([](const auto& c) { return c.grad_sync_generation(); });
+  }
+  bool grad_sync_pending_at(std::uint64_t generation) const noexcept {
+    return read([&](const auto& c) { return c.grad_sync_pending_at(generation); });
   }
   std::size_t bucket_buffer_bytes() const noexcept {
     return read([](const auto& c) { return c.bucket_buffer_bytes(); });

@@ -13,7 +13,7 @@
 #include <cohort/communicator/communicator_base.hpp>
 #include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/communicator/engine/checks.hpp>
-#include <cohort/communicator/engine/grad_sync.hpp>
+#include <cohort/communicator/engine/grad_sync_queue.hpp>
 #include <cohort/communicator/engine/parameter_broadcast.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
@@ -65,7 +65,8 @@ public:
   explicit basic_communicator(const boost::mpi::communicator& comm,
                               communicator_options options = {})
       : communicator_base(comm, options)
-      , sync_(std::make_unique<engine::grad_sync>(strategy_access::bucketing<Strategy>(options))) {
+      , syncs_(std::make_unique<engine::grad_sync_queue>(
+            strategy_access::bucketing<Strategy>(options))) {
     std::string_view name = "a strategy without a name";
     if constexpr (requires { Strategy::name; }) {
       name = Strategy::name;
@@ -80,7 +81,7 @@ public:
   basic_communicator(basic_communicator&& other) noexcept
       : communicator_base(
             (other.abandon_grad_sync("its communicator was moved from"), std::move(other)))
-      , sync_(std::move(other.sync_)) {}
+      , syncs_(std::move(other.syncs_)) {}
 
   //! Abandons a reduction pending on either side, then takes `other`'s place (this rank leaves
   //! the communicator it had: its peers are told, see liveness.hpp).
@@ -88,7 +89,7 @@ public:
     if (this != &other) {
       abandon_grad_sync("its communicator was replaced by move assignment");
       other.abandon_grad_sync("its communicator was moved from");
-      sync_ = std::move(other.sync_);
+      syncs_ = std::move(other.syncs_);
       communicator_base::operator=(std::move(other));
     }
     return *this;
@@ -172,11 +173,13 @@ public:
 
   //! The parts of `begin_allreduce_grad` for callers that keep no request (the optimizer
   //! wrapper): start, say which gradient is ready, wait. `owner` names who started it (an
-  //! optimizer: several may share a communicator, and each must reduce only its own gradients).
+  //! optimizer: several may share a communicator, each with a reduction pending at once, and
+  //! each reduces only its own gradients; their buckets are reduced in the order the
+  //! reductions began).
   template <parameter_set Params, reducer Reducer>
   void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {},
                        const void* owner = nullptr) {
-    const std::lock_guard lock(sync_->mutex());
+    const std::lock_guard lock(syncs_->mutex());
     start_locked(parameter_source(params), reducer, options, owner);
   }
 
@@ -186,25 +189,25 @@ public:
   void start_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
                        const void* owner = nullptr) {
     detail::operation_scope scope("allreduce_grad");
-    const std::lock_guard lock(sync_->mutex());
+    const std::lock_guard lock(syncs_->mutex());
     require_overlap_possible(owner);
-    sync_->slots().assign(slots.begin(), slots.end());
-    sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
-                 missing_grad::report, owner, local_problem());
+    engine::grad_sync& lane = syncs_->lane_for(checks(), owner);
+    lane.slots().assign(slots.begin(), slots.end());
+    syncs_->begin(lane, checks(), strategy(), reduction_table(reducer, size()),
+                  missing_grad::report, owner, local_problem(lane));
   }
 
   //! Parameter `index` of `params` (the set the reduction began with) has its final gradient: it
   //! is read again, and its bucket reduced if that completes it. Safe from any thread.
   template <parameter_set Params>
   void grad_ready(Params& params, std::size_t index) {
-    const std::lock_guard lock(sync_->mutex());
-    sync_->require_pending(checks(), "grad_ready");
-    reread_and_mark(parameter_source(params), index);
+    const std::lock_guard lock(syncs_->mutex());
+    reread_and_mark(pending_lane("grad_ready", nullptr), parameter_source(params), index);
   }
 
   //! What an optimizer's backward hook calls, from any thread: the first call of a step begins
   //! the reduction for `owner` (collective, as `start_grad_sync`), and every call marks parameter
-  //! `index` ready. Throws `invalid_argument` if another owner's reduction is pending.
+  //! `index` ready.
   template <parameter_set Params, reducer Reducer>
   void grad_ready_for(const void* owner, Params& params, const Reducer& reducer,
                       grad_sync_options options, std::size_t index) {
@@ -214,53 +217,71 @@ public:
   template <reducer Reducer>
   void grad_ready_for(const void* owner, const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options, std::size_t index) {
-    const std::lock_guard lock(sync_->mutex());
-    if (!sync_->pending()) {
-      start_locked(params, reducer, options, owner);
-    } else {
-      sync_->require_owner(checks(), owner, index);
+    const std::lock_guard lock(syncs_->mutex());
+    engine::grad_sync* lane = syncs_->pending_lane(owner);
+    if (lane == nullptr) {
+      lane = &start_locked(params, reducer, options, owner);
     }
-    reread_and_mark(params, index);
+    reread_and_mark(*lane, params, index);
   }
 
-  //! Gradient `index` of the views given to `start_grad_sync` is final.
-  void grad_ready(std::size_t index) {
-    const std::lock_guard lock(sync_->mutex());
-    sync_->require_pending(checks(), "grad_ready");
-    sync_->mark(index);
+  //! Gradient `index` of the views given to `start_grad_sync` (by `owner`) is final.
+  void grad_ready(std::size_t index, const void* owner = nullptr) {
+    const std::lock_guard lock(syncs_->mutex());
+    pending_lane("grad_ready", owner).mark(index);
   }
 
-  //! Marks every gradient not yet ready as ready (in index order). This order is never learned:
-  //! it says nothing of when backward produces the gradients.
-  void mark_all_ready() {
-    const std::lock_guard lock(sync_->mutex());
-    sync_->require_pending(checks(), "grad_ready");
-    sync_->mark_rest_ready();
+  //! Marks every gradient of `owner`'s reduction not yet ready as ready (in index order). This
+  //! order is never learned: it says nothing of when backward produces the gradients.
+  void mark_all_ready(const void* owner = nullptr) {
+    const std::lock_guard lock(syncs_->mutex());
+    pending_lane("grad_ready", owner).mark_rest_ready();
   }
 
-  //! Marks the rest ready, and waits until every bucket is reduced. Collective (the ranks agree
-  //! on `end` too). Rethrows the first error on every rank. `now`, if given, is the gradients as
-  //! they are: one that moved since the reduction read it is an error naming it, on every rank.
-  void wait_grad_sync(step_end end = step_end::update, std::span<const grad_slot> now = {}) {
+  //! Marks the rest of `owner`'s reduction ready, and waits until every bucket is reduced (for
+  //! no owner: a request's reduction, or the only one pending).
+  //! Collective (the ranks agree on `end` too). Rethrows the first error on every rank. `now`,
+  //! if given, is the gradients as they are: one that moved since the reduction read it is an
+  //! error naming it, on every rank. Reductions of other owners begun before this one end
+  //! first, their gradients kept (see `take_kept_grad_sync`).
+  void wait_grad_sync(step_end end = step_end::update, std::span<const grad_slot> now = {},
+                      const void* owner = nullptr) {
+    const void* whose = owner;
     {
-      const std::lock_guard lock(sync_->mutex());
-      sync_->require_pending(checks(), "wait");
-      if (!now.empty()) {
-        sync_->verify_unmoved(now);
-      }
-      sync_->mark_rest_ready();
+      const std::lock_guard lock(syncs_->mutex());
+      whose = pending_lane("wait", owner).owner();
     }
-    sync_->finish(end);
+    syncs_->finish(checks(), whose, end, now);
   }
 
-  //! Ends a pending overlapped reduction without sending what was not marked ready: a rank must
-  //! never send a gradient its backward did not produce. The buckets already on their way are
-  //! finished; at the next bucket (or at the end) every rank gets an error naming this rank and
-  //! `why`. With the agreement check off, this rank skips the rest and its peers wait for it
-  //! until the timeout ends the job. Does nothing if no reduction is pending.
+  //! Whether `owner`'s last overlapped reduction was ended, its gradients kept reduced, by the
+  //! wait of a reduction begun after it (another optimizer's step); forgets it. Its gradients
+  //! are reduced already: the step that follows does not reduce them again.
+  bool take_kept_grad_sync(const void* owner) noexcept { return syncs_->take_kept(owner); }
+
+  //! `owner` (an optimizer being destroyed) will not reduce again: its lane may serve another.
+  void forget_grad_sync_owner(const void* owner) noexcept {
+    if (syncs_) {
+      syncs_->give_back(owner);
+    }
+  }
+
+  //! Ends every pending overlapped reduction without sending what was not marked ready: a rank
+  //! must never send a gradient its backward did not produce. The buckets already on their way
+  //! are finished; at the next bucket (or at the end) every rank gets an error naming this rank
+  //! and `why`. With the agreement check off, this rank skips the rest and its peers wait for
+  //! it until the timeout ends the job. Does nothing if no reduction is pending.
   void abandon_grad_sync(std::string_view why) noexcept {
-    if (sync_) {
-      sync_->abandon(why);
+    if (syncs_) {
+      syncs_->abandon_all(why);
+    }
+  }
+
+  //! The same for `owner`'s reduction only (and any begun before it that would hold its
+  //! buckets back: those still waiting for gradients).
+  void abandon_grad_sync_for(const void* owner, std::string_view why) noexcept {
+    if (syncs_) {
+      syncs_->abandon(owner, why);
     }
   }
 
@@ -270,27 +291,39 @@ public:
   void validate_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
                           missing_grad missing) {
     detail::operation_scope scope("allreduce_grad");
-    sync_->validate_copies(checks(), slots, reduction_table(reducer, size()), missing);
+    engine::grad_sync* lane = nullptr;
+    {
+      const std::lock_guard lock(syncs_->mutex());
+      lane = &syncs_->lane_for(checks(), nullptr);
+    }
+    lane->validate_copies(checks(), slots, reduction_table(reducer, size()), missing);
   }
 
-  //! Whether an overlapped reduction has begun and not been waited on.
-  bool grad_sync_pending() const noexcept { return sync_ != nullptr && sync_->pending(); }
+  //! Whether an overlapped reduction has begun and not been waited on (any owner's).
+  bool grad_sync_pending() const noexcept { return syncs_ != nullptr && syncs_->pending(); }
 
-  //! Whether every bucket of the pending overlapped reduction is reduced (or none is pending):
-  //! `wait_grad_sync` would then only agree on the end of the step. Does not wait for transfers.
-  bool grad_sync_complete() const { return sync_ == nullptr || sync_->complete(); }
+  //! Whether every bucket of `owner`'s pending overlapped reduction (for no owner: a request's,
+  //! or the only one pending) is reduced (or none is pending): `wait_grad_sync` would then only
+  //! agree on the end of the step. Does not wait for transfers.
+  bool grad_sync_complete(const void* owner = nullptr) const {
+    return syncs_ == nullptr || syncs_->complete(owner);
+  }
 
-  //! Whether the pending overlapped reduction is `owner`'s.
+  //! Whether `owner` has an overlapped reduction pending.
   bool grad_sync_pending_for(const void* owner) const noexcept {
-    return sync_ != nullptr && sync_->pending_for(owner);
+    return syncs_ != nullptr && syncs_->pending_for(owner);
   }
 
   //! Counts the overlapped reductions begun so far (what tells a request its own one).
-  std::uint64_t grad_sync_generation() const noexcept { return sync_ ? sync_->generation() : 0; }
+  std::uint64_t grad_sync_generation() const noexcept { return syncs_ ? syncs_->generation() : 0; }
+  //! Whether the reduction begun as the `generation`th is still pending.
+  bool grad_sync_pending_at(std::uint64_t generation) const noexcept {
+    return syncs_ != nullptr && syncs_->pending_at(generation);
+  }
 
   //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
   std::size_t bucket_buffer_bytes() const noexcept {
-    return sync_ ? sync_->bucket_buffer_bytes() : 0;
+    return syncs_ ? syncs_->bucket_buffer_bytes() : 0;
   }
 
   //! Buckets (collectives) per step of the last layout reduced (a device strategy counts its own,
@@ -300,7 +333,7 @@ public:
             strategy_access::device_bucket_count(static_cast<const Strategy&>(*this))) {
       return *device;
     }
-    return sync_ != nullptr ? sync_->bucket_count() : 0;
+    return syncs_ != nullptr ? syncs_->bucket_count() : 0;
   }
 
   //! What this communicator's gradient reductions did since it was made or last asked (bytes,
@@ -311,15 +344,15 @@ public:
     detail::operation_scope scope("take_grad_sync_stats");
     // Under the lock a backward hook takes to begin a step: none begins between the check and
     // the read.
-    const std::lock_guard lock(sync_->mutex());
-    sync_->require_no_pending(checks(), "take_grad_sync_stats", nullptr);
-    return sync_->take_stats();
+    const std::lock_guard lock(syncs_->mutex());
+    syncs_->require_no_pending(checks(), "take_grad_sync_stats", nullptr);
+    return syncs_->take_stats();
   }
 
   //! The orders this communicator learned to build gradient buckets in (with overlap), by
   //! layout: a checkpoint keeps them (`cohort::bucket_orders`, cohort/checkpoint.hpp).
   std::vector<bucket_order> learned_bucket_orders() const {
-    return sync_ != nullptr ? sync_->learned_orders() : std::vector<bucket_order>{};
+    return syncs_ != nullptr ? syncs_->learned_orders() : std::vector<bucket_order>{};
   }
 
   //! Adopts orders a checkpoint kept, each when its layout is next reduced (as the run that
@@ -327,8 +360,9 @@ public:
   //! on every rank alike, between steps.
   void restore_bucket_orders(std::vector<bucket_order> orders) {
     detail::operation_scope scope("restore_bucket_orders");
-    sync_->require_no_pending(checks(), "restore_bucket_orders", nullptr);
-    sync_->restore_orders(std::move(orders));
+    const std::lock_guard lock(syncs_->mutex());
+    syncs_->require_no_pending(checks(), "restore_bucket_orders", nullptr);
+    syncs_->restore_orders(std::move(orders));
   }
 
 protected:
@@ -376,17 +410,22 @@ private:
   template <reducer Reducer, class Collect>
   void reduce_blocking(const Reducer& reducer, grad_sync_options options, Collect&& collect) {
     detail::operation_scope scope("allreduce_grad");
-    sync_->require_no_pending(checks(), "allreduce_grad", nullptr);
-    collect(sync_->slots(), sync_->names());
-    sync_->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
-                           local_problem());
+    engine::grad_sync* lane = nullptr;
+    {
+      const std::lock_guard lock(syncs_->mutex());
+      syncs_->require_no_pending(checks(), "allreduce_grad", nullptr);
+      lane = &syncs_->lane_for(checks(), nullptr);
+    }
+    collect(lane->slots(), lane->names());
+    lane->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
+                          local_problem(*lane));
   }
 
   // What this rank's own checks find in the slots read: memory the strategy cannot reduce.
   // Agreed on with the layout, so that it is an error on every rank.
-  std::string local_problem() {
+  std::string local_problem(const engine::grad_sync& lane) {
     return engine::local_checks([&] {
-      for (const grad_slot& slot : sync_->slots()) {
+      for (const grad_slot& slot : lane.slots()) {
         if (slot.state != slot_state::ok || slot.grad.count == 0) {
           continue;
         }
@@ -398,39 +437,57 @@ private:
 
   void require_overlap_possible(const void* owner) {
     static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
-    sync_->require_overlap_possible(checks(), owner);
+    syncs_->require_overlap_possible(checks(), owner);
   }
 
-  // Under the engine's mutex.
+  // `owner`'s pending lane (for no owner: the request's, else the one pending, if only one is),
+  // or an error naming `operation`. Under the queue's mutex.
+  engine::grad_sync& pending_lane(std::string_view operation, const void* owner) {
+    engine::grad_sync* lane = syncs_->pending_lane(owner);
+    if (lane == nullptr && owner == nullptr) {
+      lane = syncs_->only_pending();
+    }
+    if (lane == nullptr) {
+      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                             std::to_string(rank()) +
+                             ": no overlapped allreduce_grad is pending (begin_allreduce_grad "
+                             "starts one)");
+    }
+    return *lane;
+  }
+
+  // Under the queue's mutex.
   template <reducer Reducer>
-  void start_locked(const parameter_source& params, const Reducer& reducer,
-                    grad_sync_options options, const void* owner) {
+  engine::grad_sync& start_locked(const parameter_source& params, const Reducer& reducer,
+                                  grad_sync_options options, const void* owner) {
     detail::operation_scope scope("allreduce_grad");
     require_overlap_possible(owner);
-    params.collect(options.missing, sync_->slots(), sync_->names());
-    params.remember(sync_->elements());
-    sync_->elements_of() = params.address();
-    sync_->begin(checks(), strategy(), grad_comm(), reduction_table(reducer, size()),
-                 options.missing, owner, local_problem());
+    engine::grad_sync& lane = syncs_->lane_for(checks(), owner);
+    params.collect(options.missing, lane.slots(), lane.names());
+    params.remember(lane.elements());
+    lane.elements_of() = params.address();
+    syncs_->begin(lane, checks(), strategy(), reduction_table(reducer, size()), options.missing,
+                  owner, local_problem(lane));
+    return lane;
   }
 
-  // Under the engine's mutex: reads parameter `index` again and marks it ready.
-  void reread_and_mark(const parameter_source& params, std::size_t index) {
-    if (params.remembers_elements() && sync_->elements_of() != params.address()) {
+  // Under the queue's mutex: reads parameter `index` again and marks it ready.
+  void reread_and_mark(engine::grad_sync& lane, const parameter_source& params, std::size_t index) {
+    if (params.remembers_elements() && lane.elements_of() != params.address()) {
       // Its elements are read where the set began's live: another set would be read as this one.
       throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
                              std::to_string(rank()) +
                              ": this parameter set is not the one the "
                              "reduction began with; give grad_ready that same set");
     }
-    if (!sync_->needs_reread(index)) {
-      sync_->mark(index);
+    if (!lane.needs_reread(index)) {
+      lane.mark(index);
       return;
     }
-    sync_->mark_reread(index, params.reread(index, sync_->elements(), sync_->missing()));
+    lane.mark_reread(index, params.reread(index, lane.elements(), lane.missing()));
   }
 
-  std::unique_ptr<engine::grad_sync> sync_;
+  std::unique_ptr<engine::grad_sync_queue> syncs_;
 };
 
 //! A communicator of strategy `Strategy` over all the processes (`MPI_COMM_WORLD`). Collective.

@@ -69,13 +69,17 @@ concept overlapping_communicator = communicator<C> && !requires {
   c.grad_ready(params, i);
   c.grad_ready_for(owner, params, detail::reducer_archetype{}, grad_sync_options{}, i);
   c.grad_ready_for(owner, source, detail::reducer_archetype{}, grad_sync_options{}, i);
-  c.mark_all_ready();
+  c.mark_all_ready(owner);
   c.wait_grad_sync();
-  c.wait_grad_sync(step_end::update, slots);
+  c.wait_grad_sync(step_end::update, slots, owner);
   c.abandon_grad_sync("why");
+  c.abandon_grad_sync_for(owner, "why");
+  { c.take_kept_grad_sync(owner) } -> std::same_as<bool>;
+  c.forget_grad_sync_owner(owner);
   c.validate_grad_sync(slots, detail::reducer_archetype{}, missing_grad::report);
   { cc.grad_sync_pending() } -> std::same_as<bool>;
   { cc.grad_sync_pending_for(owner) } -> std::same_as<bool>;
+  { cc.grad_sync_pending_at(std::uint64_t{}) } -> std::same_as<bool>;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -68,8 +68,7 @@ public:
 
   //! Whether this request's reduction is still in flight.
   bool pending() const noexcept {
-    return comm_ != nullptr && comm_->grad_sync_pending() &&
-           comm_->grad_sync_generation() == generation_;
+    return comm_ != nullptr && comm_->grad_sync_pending_at(generation_);
   }
 
 private:
@@ -85,8 +84,9 @@ private:
   void finish_quietly() noexcept {
     if (pending() && std::uncaught_exceptions() > exceptions_) {
       std::exchange(comm_, nullptr)
-          ->abandon_grad_sync("its grad_sync_request was destroyed during the unwinding of an "
-                              "exception");
+          ->abandon_grad_sync_for(nullptr,
+                                  "its grad_sync_request was destroyed during the unwinding of an "
+                                  "exception");
     }
     if (pending()) {
       try {

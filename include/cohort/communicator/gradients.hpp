@@ -45,9 +45,25 @@ struct grad_sync_options {
 //! at the end of the step, so that a rank that drops them while another updates with them (and
 //! the replicas part) is an error on every rank.
 enum class step_end : unsigned char {
-  update, //!< an optimizer steps with them (step, synchronize)
-  discard //!< they are dropped (skip_step, zero_grad before a step)
+  update,  //!< an optimizer steps with them (step, synchronize)
+  discard, //!< they are dropped (skip_step, zero_grad before a step)
+  keep     //!< they stay reduced, for a later step: a second backward accumulates onto them, or
+           //!< another optimizer's step came first (a GAN's discriminator during the
+           //!< generator's backward)
 };
+
+//! What `end` does with the reduced gradients, as the ranks' agreement names it.
+constexpr const char* describe(step_end end) noexcept {
+  switch (end) {
+  case step_end::update:
+    return "update the parameters (step, synchronize)";
+  case step_end::discard:
+    return "are dropped (skip_step, or zero_grad before a step)";
+  case step_end::keep:
+    break;
+  }
+  return "are kept, reduced, for a later step (a second backward, or another optimizer's step)";
+}
 
 //! Where a parameter's gradient stands when it is read for a reduction.
 enum class slot_state : unsigned char { ok, missing, wrong_size, not_contiguous };

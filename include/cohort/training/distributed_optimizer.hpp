@@ -5,6 +5,7 @@
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/reducer/mean.hpp>
 #include <cohort/tensor/parameter.hpp>
@@ -61,8 +62,10 @@ struct distributed_optimizer_options {
 //! exactly once.
 //!
 //! Several optimizers may share one communicator (a GAN's generator and discriminator): each
-//! reduces only its own parameters' gradients. Their overlapped reductions may not interleave:
-//! an optimizer whose hooks fire while another's reduction is pending throws, naming it.
+//! reduces only its own parameters' gradients, and their overlapped reductions may be pending at
+//! once, reduced in the order they began. A step ends the reductions begun before its own
+//! first, keeping their gradients reduced (the discriminator's, which the generator's backward
+//! reached): the step of their optimizer then does not reduce them again.
 //!
 //! The parameter set and the communicator are held by reference: both must outlive the wrapper,
 //! and neither may be moved while it is in use. A strategy chosen at compile time costs nothing
@@ -107,12 +110,13 @@ public:
   ~distributed_optimizer() {
     if constexpr (overlapping_communicator<communicator_type>) {
       if (comm_->grad_sync_pending_for(this)) {
-        comm_->abandon_grad_sync(std::uncaught_exceptions() > 0
-                                     ? "its distributed_optimizer was destroyed during the "
-                                       "unwinding of an exception, in the middle of a step"
-                                     : "its distributed_optimizer was destroyed in the middle of "
-                                       "a step");
+        comm_->abandon_grad_sync_for(
+            this, std::uncaught_exceptions() > 0
+                      ? "its distributed_optimizer was destroyed during the unwinding of an "
+                        "exception, in the middle of a step"
+                      : "its distributed_optimizer was destroyed in the middle of a step");
       }
+      comm_->forget_grad_sync_owner(this);
     }
   }
 
@@ -146,6 +150,7 @@ public:
       if (comm_->grad_sync_pending_for(this)) {
         end_pending(step_end::discard);
       }
+      comm_->take_kept_grad_sync(this);
     }
     synchronized_.store(false, std::memory_order_relaxed);
     clear_failed_start();
@@ -171,9 +176,10 @@ public:
 
   //! Parameter `index`'s gradient is final (call it from backward, from any thread): begins the
   //! step's overlapped reduction on the first call, and sends every bucket this completes.
-  //! Ignored inside `no_sync()` and with double buffering (which reduces at `step()`). Throws
-  //! `invalid_argument` after `synchronize()` (the step's gradients are reduced already) and while
-  //! another optimizer's reduction is pending on the same communicator.
+  //! Ignored inside `no_sync()` and with double buffering (which reduces at `step()`). After
+  //! `synchronize()` (or `keep_reduced()`), a new backward accumulates onto the reduced
+  //! gradients and its reduction reduces the sum: right for a reducer that averages (the mean of
+  //! reduced + local is reduced + the mean of local), an error naming no_sync() for others.
   //!
   //! From the first call until the step's end (`step()`, `skip_step()`), every gradient must
   //! stay where it is: cohort's thread reads it and writes the reduced value back into the
@@ -186,10 +192,8 @@ public:
       return;
     }
     if (synchronized_.load(std::memory_order_relaxed)) {
-      throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
-                             std::to_string(comm_->rank()) +
-                             " after synchronize(): this step's gradients are reduced already; "
-                             "step() before the next backward");
+      require_averaging("grad_ready(" + std::to_string(index) + ") after synchronize()");
+      synchronized_.store(false, std::memory_order_relaxed);
     }
     if (start_failed_.load(std::memory_order_relaxed) && !failed_backward_over(index)) {
       // Every rank's start failed alike; retrying it from each later hook of that backward would
@@ -218,6 +222,19 @@ public:
   //! backward is known to be new when it marks a gradient the failed one marked).
   void backward_began() noexcept { clear_failed_start(); }
 
+  //! Ends this optimizer's pending reduction, its gradients kept reduced, before a second
+  //! backward of the same step accumulates onto them (what LibTorch's adapter does as that
+  //! backward reaches its first gradient, as DDP reduces at the end of every backward): the next
+  //! reduction reduces reduced + local, which is right for a reducer that averages; for others,
+  //! an error that names no_sync(). Collective. Does nothing if none is pending.
+  void keep_reduced() requires overlapping_communicator<communicator_type> {
+    if (!comm_->grad_sync_pending_for(this) || options_.double_buffering) {
+      return;
+    }
+    require_averaging("a second backward before step()");
+    end_pending(step_end::keep);
+  }
+
   //! With double buffering, waits for the last reduction and steps with it, so that no step's
   //! gradients are lost at the end of training. Otherwise does nothing. Collective.
   void finish() {
@@ -226,7 +243,7 @@ public:
         // The gradients are read again: they may have moved since the last step.
         params_.collect(options_.missing, slots_, names_);
         require_same_layout("finish");
-        comm_->wait_grad_sync();
+        comm_->wait_grad_sync(step_end::update, {}, this);
         swap_copies();
         inner_.step();
       }
@@ -284,6 +301,9 @@ private:
         end_pending(step_end::update);
         return;
       }
+      if (comm_->take_kept_grad_sync(this)) {
+        return; // a later optimizer's step ended this one's reduction, its gradients kept
+      }
     }
     comm_->allreduce_grad(params_, reducer_, grad_sync_options{options_.missing});
   }
@@ -293,11 +313,11 @@ private:
   // (Double buffering reduces its own copies; dropped gradients may have moved harmlessly.)
   void end_pending(step_end end) requires overlapping_communicator<communicator_type> {
     if (options_.double_buffering || end == step_end::discard) {
-      comm_->wait_grad_sync(end);
+      comm_->wait_grad_sync(end, {}, this);
       return;
     }
     params_.collect(options_.missing, slots_, names_);
-    comm_->wait_grad_sync(end, std::span<const grad_slot>(slots_));
+    comm_->wait_grad_sync(end, std::span<const grad_slot>(slots_), this);
   }
 
   // Whether grad_ready(index) after a failed start belongs to a new backward, the failed one
@@ -318,6 +338,20 @@ private:
 
   void clear_failed_start() noexcept { start_failed_.store(false, std::memory_order_relaxed); }
 
+  // A second reduction of gradients reduced already is right only for a reducer that averages:
+  // R(R(a) + b) = R(a + b) when R maps equal inputs to themselves.
+  void require_averaging(const std::string& what) const {
+    const int ranks = comm_->size();
+    const grad_reduction plan = reducer_.plan(dtype::float32, ranks);
+    const double gain = plan.pre_scale * plan.post_scale * ranks;
+    if (plan.op != reduce_op::sum || gain < 1.0 - 1e-9 || gain > 1.0 + 1e-9) {
+      throw invalid_argument("cohort: " + what + " on rank " + std::to_string(comm_->rank()) +
+                             ": this step's gradients are reduced already, and reducing them "
+                             "again with this reducer (not a mean) would scale them twice: wrap "
+                             "every backward but the step's last in no_sync()");
+    }
+  }
+
   void require_syncing(std::string_view operation) const {
     if (no_sync_depth_.load(std::memory_order_relaxed) != 0) {
       throw invalid_argument("cohort: " + std::string(operation) +
@@ -333,22 +367,19 @@ private:
   bool swap_and_start() {
     if constexpr (overlapping_communicator<communicator_type>) {
       const bool had_previous = comm_->grad_sync_pending_for(this);
-      if (!had_previous && comm_->grad_sync_pending()) {
-        reduce(); // throws, naming the other optimizer
-      }
       // Checked before the previous reduction is waited for, so that a refused step loses
       // nothing: that reduction stays pending, for the next step or finish().
       params_.collect(options_.missing, slots_, names_);
       comm_->validate_grad_sync(std::span<const grad_slot>(slots_), reducer_, options_.missing);
       if (had_previous) {
         require_same_layout("step");
-        comm_->wait_grad_sync();
+        comm_->wait_grad_sync(step_end::update, {}, this);
       } else {
         make_copies();
       }
       swap_copies();
       comm_->start_grad_sync(std::span<const grad_slot>(copy_slots_), reducer_, this);
-      comm_->mark_all_ready();
+      comm_->mark_all_ready(this);
       return had_previous;
     } else {
       return false;

@@ -48,15 +48,20 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
-//! One communicator's gradient reductions. Blocking calls run on the caller's thread; an
-//! overlapped one reduces each bucket on cohort's own thread as soon as its gradients are marked
-//! ready and the buckets before it are on their way. `mutex()` guards the overlapped state (hooks
-//! may call from several threads at once: LibTorch's autograd does); the front door holds it
-//! around every call that reads or marks slots.
+//! One lane of a communicator's gradient reductions (see grad_sync_queue: one per optimizer
+//! with a reduction pending). Blocking calls run on the caller's thread; an overlapped one
+//! reduces each bucket on cohort's own thread (the queue's, shared by the lanes) as soon as its
+//! gradients are marked ready and the buckets before it are on their way. `mutex()`, the
+//! queue's, guards the overlapped state (hooks may call from several threads at once:
+//! LibTorch's autograd does); the front door holds it around every call that reads or marks
+//! slots.
 class grad_sync {
 public:
-  explicit grad_sync(bucket_limits limits)
-      : reduction_(limits) {}
+  using worker_type = overlap_worker<grad_sync>;
+
+  grad_sync(bucket_limits limits, std::mutex& mutex)
+      : reduction_(limits)
+      , mutex_(mutex) {}
 
   grad_sync(const grad_sync&) = delete;
   grad_sync& operator=(const grad_sync&) = delete;
@@ -65,6 +70,7 @@ public:
 
   //! The slots of the reduction being prepared, filled by the front door (collect_gradients).
   std::vector<grad_slot>& slots() noexcept { return slots_; }
+  const std::vector<grad_slot>& slots() const noexcept { return slots_; }
   std::vector<std::string>& names() noexcept { return names_; }
   //! Where each parameter of a set that is not random-access lives, so that `grad_ready` reads
   //! one again in O(1) instead of walking the set.
@@ -86,17 +92,12 @@ public:
 
   // ---- overlapped (under mutex()) --------------------------------------------------------------
 
-  //! Throws unless an overlapped reduction may begin now: none pending, MPI threads enough, and
-  //! cohort's thread made (before the ranks agree: a thread that cannot start fails here alone).
-  void require_overlap_possible(const checks& c, const void* owner);
-
-  //! Begins an overlapped reduction of `slots()` (collective: the ranks agree on it now). The
-  //! order the gradients become ready in is learned over `world` (cohort's gradient channel).
-  void begin(const checks& c, const strategy_ref& s, MPI_Comm world, const reduction_table& table,
-             missing_grad missing, const void* owner, std::string problem);
-
-  //! Throws unless the pending reduction is `owner`'s (a hook of another optimizer).
-  void require_owner(const checks& c, const void* owner, std::size_t index) const;
+  //! Begins an overlapped reduction of `slots()` for `owner` (collective: the ranks agree on it
+  //! now), its buckets reduced by `worker` after those of every reduction begun before.
+  //! `generation` counts the communicator's overlapped reductions.
+  void begin(const checks& c, const strategy_ref& s, const reduction_table& table,
+             missing_grad missing, const void* owner, std::string problem, worker_type& worker,
+             std::uint64_t generation);
 
   void require_pending(const checks& c, std::string_view operation) const;
 
@@ -127,8 +128,12 @@ public:
   void verify_unmoved(std::span<const grad_slot> now);
 
   //! Waits for cohort's thread, then ends the step with an agreement on what every rank found
-  //! and on `end` (collective). Call after `mark_rest_ready`, without holding `mutex()`.
+  //! and on `end` (collective, on the caller's channel: cohort's thread may be reducing another
+  //! lane's buckets meanwhile). Call after `mark_rest_ready`, without holding `mutex()`.
   void finish(step_end end = step_end::update);
+
+  //! Whether every gradient is marked ready (cohort's thread needs nothing more from the caller).
+  bool all_marked() const noexcept { return readiness_.all_launched(); }
 
   //! Ends a pending overlapped reduction without sending what was not marked ready (see
   //! basic_communicator::abandon_grad_sync). Does nothing if none is pending.
@@ -136,13 +141,16 @@ public:
 
   bool pending() const noexcept { return pending_; }
   bool pending_for(const void* owner) const noexcept { return pending_ && owner_ == owner; }
+  //! Who began the pending reduction, or the last one.
+  const void* owner() const noexcept { return owner_; }
   std::uint64_t generation() const noexcept { return generation_; }
+  //! Whether the last reduction ended with its reduced gradients kept (step_end::keep) and no
+  //! one has taken them since.
+  bool kept() const noexcept { return !pending_ && kept_; }
+  void take_kept() noexcept { kept_ = false; }
 
   //! Whether every bucket of the pending reduction is reduced (or none is pending).
   bool complete();
-
-  //! Throws if an overlapped reduction is pending (naming another owner's, if it is one).
-  void require_no_pending(const checks& c, std::string_view operation, const void* owner) const;
 
   std::size_t bucket_buffer_bytes() const noexcept { return reduction_.buffer_bytes(); }
   std::size_t bucket_count() const noexcept { return reduction_.bucket_count(); }
@@ -210,14 +218,13 @@ private:
 
   // The overlapped step in flight. `mutex_` guards every field; cohort's thread reads the plan
   // and the slots of buckets launched to it, and `problem_` once `problem_flag_` is raised.
-  std::mutex mutex_;
+  std::mutex& mutex_;
   const checks* checks_ = nullptr; // the communicator of the step in flight
-  MPI_Comm world_ = MPI_COMM_NULL;
   strategy_ref strategy_;
   // Written under `mutex_`; read without it by the pending queries (atomics, for that).
   std::atomic<const void*> owner_{nullptr}; // who began it (an optimizer), for its own hooks only
   std::atomic<bool> pending_{false};
-  bool threads_checked_ = false;
+  bool kept_ = false;
   missing_grad missing_ = missing_grad::report;
   readiness readiness_;
   std::vector<std::int64_t> order_message_; // rank 0's order, broadcast while learning
@@ -228,7 +235,7 @@ private:
   std::uint64_t generation_ = 0;
   std::string problem_; // the first local problem; written before problem_flag_ is raised
   std::atomic<bool> problem_flag_{false};
-  std::unique_ptr<overlap_worker<grad_sync>> worker_; // last: its thread stops first
+  worker_type* worker_ = nullptr; // the queue's (it outlives every lane)
 };
 
 } // namespace engine

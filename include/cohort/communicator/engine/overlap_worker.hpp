@@ -4,28 +4,32 @@
 #include <cohort/config.hpp>
 #include <cohort/trace/event.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
-//! The thread that reduces a step's buckets while the caller goes on with backward: the caller
-//! launches buckets by raising a watermark, the worker reduces them strictly in order (every rank
-//! issues the same collectives in the same order, so they match), and `wait` returns once every
-//! launched bucket is done. Progress never depends on the caller calling back into cohort: the
-//! worker makes the blocking MPI calls itself, as Horovod's background thread does.
+//! The thread that reduces the buckets of a communicator's overlapped reductions while the
+//! caller goes on with backward. Each reduction is a job of `total` buckets; the caller launches
+//! a job's buckets by raising its watermark. Jobs run in the order they started (two optimizers'
+//! reductions may be pending at once: a GAN's discriminator's and generator's), and a job's
+//! buckets strictly in order, so that every rank issues the same collectives in the same order.
+//! A job runs only once every job before it has all its buckets reduced. Progress never depends
+//! on the caller calling back into cohort: the worker makes the blocking MPI calls itself, as
+//! Horovod's background thread does.
 //!
-//! `Owner::reduce_bucket(std::size_t)` does the work; the owner is named anew at each `start`, so
-//! the communicator may be moved between steps. An exception out of `reduce_bucket` must be one
-//! every rank throws at the same bucket (the owner's agreement check): the rest are then skipped
-//! on every rank alike, and `wait` rethrows. Other failures the owner keeps to itself and carries
-//! into the next agreement.
+//! `Owner::reduce_bucket(std::size_t)` does the work. An exception out of it must be one every
+//! rank throws at the same bucket (the owner's agreement check): the rest of that job is then
+//! skipped on every rank alike, and `wait` rethrows. Other failures the owner keeps to itself
+//! and carries into the next agreement.
 template <class Owner>
 class overlap_worker {
 public:
@@ -39,7 +43,7 @@ public:
     {
       // Buckets already launched still run: the other ranks are in their collectives.
       std::unique_lock lock(mutex_);
-      done_changed_.wait(lock, [&] { return done_ == launched_; });
+      done_changed_.wait(lock, [&] { return next_runnable() == nullptr; });
       stop_ = true;
     }
     work_.notify_one();
@@ -49,55 +53,109 @@ public:
   overlap_worker(const overlap_worker&) = delete;
   overlap_worker& operator=(const overlap_worker&) = delete;
 
-  //! Begins a step: nothing launched yet. Only when the previous step has been waited on.
-  void start(Owner& owner) {
+  //! Queues `owner`'s reduction of `total` buckets, nothing launched yet, after every job
+  //! started before (one job per owner at a time: its previous one was closed).
+  void start(Owner& owner, std::size_t total) {
     const std::lock_guard lock(mutex_);
-    owner_ = &owner;
-    launched_ = 0;
-    done_ = 0;
-    failure_ = nullptr;
+    jobs_.push_back(job{&owner, total, 0, 0, nullptr});
   }
 
-  //! Lets the worker reduce buckets [0, up_to).
-  void launch(std::size_t up_to) {
+  //! Lets the worker reduce `owner`'s buckets [0, up_to).
+  void launch(const Owner& owner, std::size_t up_to) {
     {
       const std::lock_guard lock(mutex_);
-      if (up_to <= launched_) {
+      job& j = find(owner);
+      if (up_to <= j.launched) {
         return;
       }
-      launched_ = up_to;
+      j.launched = std::min(up_to, j.total);
     }
     work_.notify_one();
   }
 
-  //! Whether every launched bucket is reduced (never blocks).
-  bool idle() {
+  //! Whether every launched bucket of `owner`'s job is reduced (never blocks).
+  bool idle(const Owner& owner) {
     const std::lock_guard lock(mutex_);
-    return done_ == launched_;
+    const job& j = find(owner);
+    return j.done == j.launched;
   }
 
-  //! Blocks until every launched bucket is reduced; rethrows the first failure.
-  void wait() {
+  //! The owner of a job started before `owner`'s whose buckets are not all launched yet (its
+  //! gradients still to come), or null: `owner`'s job would wait for it.
+  const Owner* waiting_before(const Owner& owner) {
+    const std::lock_guard lock(mutex_);
+    for (const job& j : jobs_) {
+      if (j.owner == &owner) {
+        return nullptr;
+      }
+      if (j.launched < j.total) {
+        return j.owner;
+      }
+    }
+    return nullptr;
+  }
+
+  //! Blocks until every launched bucket of `owner`'s job is reduced; rethrows its first
+  //! failure. The job stays queued until `close`.
+  void wait(const Owner& owner) {
     std::unique_lock lock(mutex_);
-    done_changed_.wait(lock, [&] { return done_ == launched_; });
-    if (failure_) {
-      std::exception_ptr failure = std::exchange(failure_, nullptr);
+    done_changed_.wait(lock, [&] {
+      const job& j = find(owner);
+      return j.done == j.launched;
+    });
+    job& j = find(owner);
+    if (j.failure) {
+      std::exception_ptr failure = std::exchange(j.failure, nullptr);
       lock.unlock();
       std::rethrow_exception(failure);
     }
   }
 
+  //! Forgets `owner`'s job once waited on (every bucket launched and reduced).
+  void close(const Owner& owner) noexcept {
+    const std::lock_guard lock(mutex_);
+    std::erase_if(jobs_, [&](const job& j) { return j.owner == &owner; });
+  }
+
 private:
+  struct job {
+    Owner* owner;
+    std::size_t total;
+    std::size_t launched;
+    std::size_t done;
+    std::exception_ptr failure;
+  };
+
+  job& find(const Owner& owner) {
+    // (A handful of jobs at most: one per optimizer with a reduction pending.)
+    return *std::ranges::find_if(jobs_, [&](const job& j) { return j.owner == &owner; });
+  }
+
+  // The first job not reduced whole, if it has a launched bucket to reduce; else null (nothing
+  // may run: a later job waits for the earlier ones).
+  job* next_runnable() {
+    for (job& j : jobs_) {
+      if (j.done < j.total) {
+        return j.done < j.launched ? &j : nullptr;
+      }
+    }
+    return nullptr;
+  }
+
   void loop() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      work_.wait(lock, [&] { return stop_ || done_ < launched_; });
+      job* j = nullptr;
+      work_.wait(lock, [&] {
+        j = next_runnable();
+        return stop_ || j != nullptr;
+      });
       if (stop_) {
         return;
       }
-      const std::size_t b = done_;
-      const bool skip = failure_ != nullptr;
-      Owner* owner = owner_;
+      const std::size_t b = j->done;
+      const bool skip = j->failure != nullptr;
+      Owner* owner = j->owner;
       lock.unlock();
       std::exception_ptr failure;
       if (!skip) {
@@ -108,10 +166,11 @@ private:
         }
       }
       lock.lock();
+      job& now = find(*owner); // (the vector may have moved meanwhile: a job started)
       if (failure) {
-        failure_ = failure;
+        now.failure = failure;
       }
-      ++done_;
+      ++now.done;
       done_changed_.notify_all();
     }
   }
@@ -119,10 +178,7 @@ private:
   std::mutex mutex_;
   std::condition_variable work_;
   std::condition_variable done_changed_;
-  Owner* owner_ = nullptr;
-  std::size_t launched_ = 0;
-  std::size_t done_ = 0;
-  std::exception_ptr failure_;
+  std::vector<job> jobs_; // in the order they started; the capacity stays (no allocation a step)
   bool stop_ = false;
   std::thread thread_; // last: started once everything above exists
 };

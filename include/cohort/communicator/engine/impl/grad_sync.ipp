@@ -45,20 +45,10 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
   observer_.blocking_step_ended(step_bytes_, carried);
 }
 
-COHORT_DECL void grad_sync::require_overlap_possible(const checks& c, const void* owner) {
-  require_no_pending(c, "begin_allreduce_grad", owner);
-  if (!threads_checked_) {
-    c.require_thread_multiple();
-    threads_checked_ = true;
-  }
-  if (!worker_) {
-    worker_ = std::make_unique<overlap_worker<grad_sync>>();
-  }
-}
-
-COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Comm world,
+COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s,
                                   const reduction_table& table, missing_grad missing,
-                                  const void* owner, std::string problem) {
+                                  const void* owner, std::string problem, worker_type& worker,
+                                  std::uint64_t generation) {
   step_range_.open("allreduce_grad (overlapped)");
   observer_.step_began(c.trace()); // (a pause or resume takes effect at the next step)
   try {
@@ -69,30 +59,19 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s, MPI_Co
   }
   observer_.overlapped_step_began();
   checks_ = &c;
-  world_ = world;
   strategy_ = s;
   owner_ = owner;
   missing_ = missing;
   readiness_.begin(reduction_.plan(), slots_.size());
-  ++generation_;
+  generation_ = generation;
   abandoned_from_.store(none);
   caller_marked_ = false;
+  kept_ = false;
   problem_.clear();
   problem_flag_.store(false);
-  worker_->start(*this);
+  worker_ = &worker;
+  worker.start(*this, reduction_.plan().buckets().size());
   pending_ = true;
-}
-
-COHORT_DECL void grad_sync::require_owner(const checks& c, const void* owner,
-                                          std::size_t index) const {
-  if (owner_ != owner) {
-    throw invalid_argument(
-        "cohort: grad_ready(" + std::to_string(index) + ") on rank " + std::to_string(c.rank()) +
-        ": another optimizer's overlapped reduction is pending on this communicator (its hooks "
-        "marked gradients ready and it has not stepped): step it before this backward, keep "
-        "its hooks quiet during this backward with its no_sync() (a GAN's discriminator during "
-        "the generator's backward), or give each optimizer a communicator of its own");
-  }
 }
 
 COHORT_DECL void grad_sync::require_pending(const checks& c, std::string_view operation) const {
@@ -127,7 +106,7 @@ COHORT_DECL void grad_sync::mark_rest_ready() {
   }
   // Buckets whose members are all empty gradients have nothing to wait for.
   if (!readiness_.all_launched()) {
-    worker_->launch(readiness_.launch_all());
+    worker_->launch(*this, readiness_.launch_all());
   }
 }
 
@@ -163,9 +142,10 @@ COHORT_DECL void grad_sync::finish(step_end end) {
     ~done_on_exit() {
       // Whatever threw, cohort's thread is done with this step before the next may start.
       try {
-        g.worker_->wait();
+        g.worker_->wait(g);
       } catch (...) {
       }
+      g.worker_->close(g);
       const std::lock_guard lock(g.mutex_);
       g.pending_ = false;
       g.step_range_.close();
@@ -175,18 +155,14 @@ COHORT_DECL void grad_sync::finish(step_end end) {
   const profiler_range waiting("wait");
   observer_.waiting_began();
   // A bucket's agreement that failed failed on every rank alike: rethrown here everywhere.
-  worker_->wait();
+  worker_->wait(*this);
   // A problem found after the last bucket left (a gradient marked twice, say): an error on
   // every rank, the failing rank's own.
   const std::string problem = problem_flag_.load() ? problem_ : std::string();
   if (c.options().check_agreement) {
-    c.settle_on(waiter::reducer, "allreduce_grad (end of the step)",
-                static_cast<std::uint64_t>(end), problem, [end] {
-                  return std::vector<signature_entry>{
-                      {"the reduced gradients",
-                       end == step_end::update
-                           ? "update the parameters (step, synchronize)"
-                           : "are dropped (skip_step, or zero_grad before a step)"}};
+    c.settle_on(waiter::caller, "allreduce_grad (end of the step)", static_cast<std::uint64_t>(end),
+                problem, [end] {
+                  return std::vector<signature_entry>{{"the reduced gradients", describe(end)}};
                 });
   } else if (!problem.empty()) {
     throw invalid_argument(problem);
@@ -194,6 +170,7 @@ COHORT_DECL void grad_sync::finish(step_end end) {
   if (reduction_.learning() && abandoned_from_.load() == none) {
     learn_order(c);
   }
+  kept_ = end == step_end::keep;
   observer_.overlapped_step_ended(step_bytes_);
 }
 
@@ -211,7 +188,7 @@ COHORT_DECL void grad_sync::abandon(std::string_view why) noexcept {
       report("cohort: rank " + std::to_string(checks_->rank()) +
              " abandoned its overlapped gradient reduction (" + std::string(why) +
              "): the gradients it had not marked ready were never sent");
-      worker_->launch(readiness_.launch_all());
+      worker_->launch(*this, readiness_.launch_all());
     }
     finish();
   } catch (...) {
@@ -224,20 +201,8 @@ COHORT_DECL bool grad_sync::complete() {
     return true;
   }
   const std::lock_guard lock(mutex_);
-  return readiness_.all_launched() && worker_->idle();
-}
-
-COHORT_DECL void grad_sync::require_no_pending(const checks& c, std::string_view operation,
-                                               const void* owner) const {
-  if (pending_) {
-    throw invalid_argument(
-        "cohort: " + std::string(operation) + " on rank " + std::to_string(c.rank()) + ": " +
-        (owner_ != owner && owner_ != nullptr
-             ? "another optimizer's overlapped reduction is pending on this communicator (it "
-               "marked gradients ready and has not stepped); step it first, or give each "
-               "optimizer a communicator of its own"
-             : "an overlapped allreduce_grad is still pending; wait() on it first"));
-  }
+  return readiness_.all_launched() && worker_->idle(*this) &&
+         worker_->waiting_before(*this) == nullptr;
 }
 
 COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
@@ -273,8 +238,10 @@ COHORT_DECL void grad_sync::learn_order(const checks& c) {
   order.assign(seen.size() + 1, caller_marked_ ? 1 : 0);
   std::copy(seen.begin(), seen.end(), order.begin() + 1);
   {
-    const auto watch = c.watch_transfer("allreduce_grad (learning the order)", 0, waiter::reducer);
-    mpi::broadcast(world_,
+    // On the caller's channel, as the end of the step: cohort's thread may be reducing another
+    // lane's buckets on its own.
+    const auto watch = c.watch_transfer("allreduce_grad (learning the order)", 0, waiter::caller);
+    mpi::broadcast(c.live().channel(waiter::caller),
                    tensor_view{order.data(), order.size(), dtype::int64, memory_location::host}, 0);
   }
   if (order[0] == 1) {
@@ -299,7 +266,7 @@ COHORT_DECL void grad_sync::mark_ready(std::size_t index) {
   std::string problem;
   const auto launch = readiness_.mark(reduction_.plan(), index, problem);
   if (launch) {
-    worker_->launch(*launch);
+    worker_->launch(*this, *launch);
   } else if (!problem.empty()) {
     report("cohort: grad_ready on rank " + std::to_string(checks_->rank()) + ": " +
            (index < slots_.size()
