@@ -465,7 +465,7 @@ BOOST_AUTO_TEST_CASE(the_optimizer_state_and_options_start_as_the_roots) {
     state(p).exp_avg().add_(comm.rank());
     state(p).exp_avg_sq().mul_(comm.rank() + 1);
   }
-  cohort::torch::broadcast_optimizer_state(comm, opt.inner(), opt.parameters());
+  cohort::torch::broadcast_optimizer_state(comm, opt.inner(), opt.named_parameters());
   for (const at::Tensor& p : m->parameters()) {
     BOOST_TEST(replicas_identical_tensor(comm, state(p).exp_avg()));
     BOOST_TEST(replicas_identical_tensor(comm, state(p).exp_avg_sq()));

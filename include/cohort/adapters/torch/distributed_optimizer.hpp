@@ -1,25 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// DDP for C++: `cohort::torch::distributed_optimizer` wraps any `torch::optim::Optimizer` over
-// a module. At construction rank 0's parameters, buffers and optimizer state are copied to every
-// rank; each step's gradients are averaged over the ranks before the optimizer steps. With
-// overlap (the default on host strategies) a post hook on every parameter's AccumulateGrad node
-// marks its gradient ready as backward produces it, so that buckets are reduced while backward
-// still runs, and the end of backward (the autograd engine's final callback) settles the
-// parameters backward did not reach: the trainer's loop changes in nothing but the optimizer's
-// type.
+// DDP for C++: `cohort::torch::distributed_optimizer<SGD, ...>` is an SGD (it derives from the
+// optimizer it wraps, so a `torch::optim::Optimizer&` takes it, `torch::save` / `torch::load`
+// and LibTorch's LR schedulers work on it) whose steps average the gradients over the ranks
+// first. At construction rank 0's parameters, buffers and optimizer state are copied to every
+// rank. With overlap (the default on host strategies) a post hook on every parameter's
+// AccumulateGrad node marks its gradient ready as backward produces it, so that buckets are
+// reduced while backward still runs, and the end of backward (the autograd engine's final
+// callback) settles the parameters backward did not reach: the trainer's loop changes in nothing
+// but the optimizer's type.
 //
 // The hooks use LibTorch's autograd API that 1.13 and 2.x share (`impl::grad_accumulator`,
-// `Node::add_post_hook`, `Engine::queue_callback`), not c10d.
+// `Node::add_post_hook`, `Tensor::register_hook`, `Engine::queue_callback`), not c10d.
 
 #include <cohort/adapters/torch/detail/in_flight.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/window.hpp>
+#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/fingerprint.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
@@ -29,6 +32,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +48,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 #include <torch/utils.h>
 #include <type_traits>
 #include <utility>
@@ -54,15 +59,15 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace torch {
 namespace detail {
 
-// A LibTorch optimizer as cohort's optimizer concept sees it: `step()` without a closure. LBFGS
-// has none (it needs the closure): its steps go through step(closure), and a plain step() is
-// refused by name.
+// The wrapped optimizer's own step (the wrapper is one: its `step` overrides it), as cohort's
+// optimizer concept sees it: `step()` without a closure. LBFGS has none (it needs the closure):
+// its steps go through step(closure), and a plain step() is refused by name.
 template <class Optimizer>
 struct stepper {
-  Optimizer optimizer;
+  Optimizer* optimizer;
   void step() {
-    if constexpr (requires { optimizer.step(); }) {
-      optimizer.step();
+    if constexpr (requires { optimizer->Optimizer::step(); }) {
+      optimizer->Optimizer::step();
     } else {
       throw invalid_argument("cohort::torch::distributed_optimizer: this optimizer steps with a "
                              "closure only (LBFGS): call step(closure)");
@@ -118,43 +123,63 @@ struct distributed_options {
 };
 
 //! A LibTorch optimizer made data-parallel over `Communicator` (a strategy: cohort::flat...).
-//! Holds the module's parameter set and the hooks; the module and the communicator are held by
-//! reference and must outlive it. Not movable: the hooks point at it.
+//! It is an `Optimizer` (it derives from it, and its param groups and state are the optimizer's
+//! own): wherever a `torch::optim::Optimizer&` goes, it goes, and `step()` through that reference
+//! is the data-parallel one. Holds the module's parameter set and the hooks; the module and the
+//! communicator are held by reference and must outlive it. Not movable: the hooks point at it.
 //!
-//! One backward per step: the end of a backward settles the parameters it did not reach, so a
-//! second backward in the same step (gradient accumulation) goes inside `no_sync()`. The hooks
-//! may run on several threads at once (a graph that spans devices); two trainers on two threads
-//! each have their own communicator.
+//! A second backward in one step (gradient accumulation, a GAN's discriminator on real then
+//! fake) needs no guard: as it reaches its first gradient, the reduction of the first ends (its
+//! gradients reduced, as DDP reduces at the end of every backward) and the new one reduces the
+//! sum; `no_sync()` saves that reduction. Several optimizers may share a communicator, each with
+//! a reduction pending (a discriminator's hooks fire during the generator's backward): see
+//! cohort::distributed_optimizer. The hooks may run on several threads at once (a graph that
+//! spans devices); two trainers on two threads each have their own communicator.
+//!
+//! The ranks agree on the optimizer at every step: the param groups' learning rates (an edit, a
+//! scheduler's step) and sizes are compared (one 16-byte all-reduce), and ranks that differ
+//! throw `mismatch_error` on every rank, naming the option. `torch::load` into it is collective:
+//! every rank loads, then every rank holds `root`'s state (as at construction).
 template <class Optimizer, class Communicator, reducer Reducer = mean>
 requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
-class distributed_optimizer {
+class distributed_optimizer : public Optimizer, public detail::distributed_wrapper {
 public:
+  using LossClosure = ::torch::optim::Optimizer::LossClosure;
+
   //! Collective: copies `root`'s parameters, buffers and optimizer state (matched by name) to
   //! every rank, after the ranks agree on their names, sizes and dtypes. `optimizer` must be built
   //! over `module`'s parameters.
   distributed_optimizer(Optimizer optimizer, Communicator& comm, const ::torch::nn::Module& module,
                         distributed_options options = {}, Reducer reducer = {})
-      : options_(require_possible(options))
+      : Optimizer(std::move(optimizer))
+      , detail::distributed_wrapper(typeid(Optimizer))
+      , options_(require_possible(options))
       , params_(followed(comm, torch::parameters(module)))
       , buffers_(torch::buffers(module))
-      , sync_(detail::stepper<Optimizer>{std::move(optimizer)}, comm, params_,
+      , named_(torch::all_parameters(module))
+      , optimized_(optimized_count())
+      , sync_(detail::stepper<Optimizer>{this}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
       , fired_(params_.size(), 0) {
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
     }
-    broadcast_optimizer_state(comm, wrapped(), torch::all_parameters(module), options_.root);
+    broadcast_optimizer_state(comm, *this, named_, options_.root);
     detail::place_gradients_in_window(comm, params_); // (kept there by zero_grad)
     if (overlapping()) {
       try {
         hooks_.reserve(params_.size());
         for (std::size_t i = 0; i < params_.size(); ++i) {
-          auto node = ::torch::autograd::impl::grad_accumulator(params_[i].value);
+          at::Tensor& value = params_[i].value;
+          auto node = ::torch::autograd::impl::grad_accumulator(value);
           const std::uintptr_t key = node->add_post_hook(std::make_unique<ready_hook>(this, i));
           // Held: a leaf keeps only a weak reference to its AccumulateGrad node, and a new node
           // would have no hook.
-          hooks_.push_back({std::move(node), key});
+          hooks_.push_back({std::move(node), key, 0});
+          // Before AccumulateGrad adds into the gradient: a new backward must not add into one
+          // cohort's thread is still writing.
+          hooks_.back().arrival = value.register_hook([this](const at::Tensor&) { on_arrival(); });
         }
       } catch (...) {
         remove_hooks();
@@ -169,15 +194,15 @@ public:
   //! Removes the hooks (no backward may run meanwhile); a reduction still in flight is
   //! abandoned (see cohort::distributed_optimizer's destructor) before the gradients it uses are
   //! let go.
-  ~distributed_optimizer() {
+  ~distributed_optimizer() override {
     remove_hooks();
     if constexpr (overlap_possible) {
       if (comm().grad_sync_pending_for(&sync_)) {
-        comm().abandon_grad_sync(std::uncaught_exceptions() > 0
-                                     ? "its distributed_optimizer was destroyed during the "
-                                       "unwinding of an exception, in the middle of a step"
-                                     : "its distributed_optimizer was destroyed in the middle of "
-                                       "a step");
+        comm().abandon_grad_sync_for(
+            &sync_, std::uncaught_exceptions() > 0
+                        ? "its distributed_optimizer was destroyed during the unwinding of an "
+                          "exception, in the middle of a step"
+                        : "its distributed_optimizer was destroyed in the middle of a step");
       }
       const std::lock_guard lock(mutex_);
       in_flight_.let_go();
@@ -186,18 +211,23 @@ public:
 
   //! Averages the gradients over the ranks (or waits for the overlapped reduction), then steps
   //! the optimizer. Collective.
-  void step() {
-    const release_on_exit release{*this};
-    before_reduction();
-    sync_.step();
-  }
-
-  //! For optimizers that evaluate the loss several times (LBFGS): each evaluation of `closure`
-  //! (which runs forward and backward) is followed by the reduction of the gradients it made,
+  //!
+  //! With a `closure`, for optimizers that evaluate the loss several times (LBFGS): each
+  //! evaluation (forward and backward) is followed by the reduction of the gradients it made,
   //! and the loss the optimizer sees is the mean over the ranks, so that every replica takes the
   //! same decisions. Collective, once per evaluation.
-  at::Tensor step(::torch::optim::Optimizer::LossClosure closure) {
-    return wrapped().step([&]() -> at::Tensor {
+  at::Tensor step(LossClosure closure = nullptr) override {
+    if (!closure) {
+      // First: a rank that throws below (what its backward found) must not leave its peers in
+      // this all-reduce; they hear of it through the reduction's own agreement.
+      agree_on_settings();
+      const release_on_exit release{*this};
+      before_reduction();
+      sync_.step();
+      return {};
+    }
+    agree_on_settings();
+    return Optimizer::step([&]() -> at::Tensor {
       const at::Tensor loss = closure();
       const release_on_exit release{*this};
       before_reduction();
@@ -248,8 +278,19 @@ public:
   }
 
   //! While the guard lives, backward accumulates locally and nothing is reduced (gradient
-  //! accumulation); the next `step()` reduces the sum once.
+  //! accumulation); the next `step()` reduces the sum once. (Without it, each backward is
+  //! reduced, and the result is the same for the mean.)
   [[nodiscard]] auto no_sync() { return sync_.no_sync(); }
+
+  //! Collective: every rank loads (the same file, `torch::load(opt, path)`), the ranks agree on
+  //! the optimizer's type and options, and every rank then holds `root`'s state, as at
+  //! construction.
+  void load(::torch::serialize::InputArchive& archive) override {
+    Optimizer::load(archive);
+    if (!loading_root_state) { // (else: the root's state arriving, inside the copy below)
+      broadcast_optimizer_state(comm(), *this, named_, options_.root);
+    }
+  }
 
   //! Reduces without stepping (to clip the averaged gradients); the next `step()` does not
   //! reduce again. Collective.
@@ -280,19 +321,19 @@ public:
     }
   }
 
-  //! The LibTorch optimizer. A reduction still in flight (backward ran, and no `step()` came)
-  //! is waited for first, as `synchronize()` does (collective then), so that the optimizer never
-  //! reads a gradient cohort's thread is still writing: `inner().step()` steps with the
-  //! averaged gradients, and the `step()` after it does not reduce again.
+  //! This optimizer, as its own type (from before it was one). A reduction still in flight
+  //! (backward ran, and no `step()` came) is waited for first, as `synchronize()` does
+  //! (collective then), so that nothing reads a gradient cohort's thread is still writing.
   Optimizer& inner() {
     if constexpr (overlap_possible) {
       if (comm().grad_sync_pending_for(&sync_)) {
         synchronize();
       }
     }
-    return wrapped();
+    return *this;
   }
-  const std::vector<parameter>& parameters() const noexcept { return params_; }
+  //! The module's trainable parameters, by name, as cohort reduces them.
+  const std::vector<parameter>& named_parameters() const noexcept { return params_; }
   Communicator& comm() const noexcept { return sync_.comm(); }
 
 private:
@@ -300,8 +341,6 @@ private:
       cohort::distributed_optimizer<detail::stepper<Optimizer>, Communicator&, Reducer>;
 
   static constexpr bool overlap_possible = overlapping_communicator<Communicator>;
-
-  Optimizer& wrapped() noexcept { return sync_.inner().optimizer; }
 
   // The gradients an overlapped reduction reads and writes on cohort's thread are held (an
   // at::Tensor keeps its storage alive) from the start of backward until the step ends, so that
@@ -341,6 +380,7 @@ private:
   struct hook {
     node_pointer node;
     std::uintptr_t key;
+    unsigned arrival; // the parameter's tensor hook
   };
 
   static distributed_options require_possible(distributed_options options) {
@@ -367,10 +407,35 @@ private:
   }
 
   void remove_hooks() noexcept {
-    for (const hook& h : hooks_) {
-      h.node->del_post_hook(h.key);
+    for (std::size_t i = 0; i < hooks_.size(); ++i) {
+      hooks_[i].node->del_post_hook(hooks_[i].key);
+      try {
+        params_[i].value.remove_hook(hooks_[i].arrival);
+      } catch (...) {
+        // (its tensor hook was not registered: the constructor failed in between)
+      }
     }
     hooks_.clear();
+  }
+
+  // A tensor hook: a gradient arrives, before AccumulateGrad adds it. The first of a new
+  // backward (none began since the last ended) ends this optimizer's reduction still pending, its
+  // gradients kept reduced, so that this backward adds into gradients no thread writes (a second
+  // backward before the step: the mean of reduced + new is what one reduction of the sum gives).
+  void on_arrival() {
+    if constexpr (overlap_possible) {
+      if (!sync_.syncing()) {
+        return;
+      }
+      {
+        const std::lock_guard lock(mutex_);
+        if (in_backward_ || !comm().grad_sync_pending_for(&sync_)) {
+          return;
+        }
+      }
+      require_parameters_untouched();
+      sync_.keep_reduced();
+    }
   }
 
   // A hook: parameter `index` has its gradient for this backward (`sparse`: it came sparse,
@@ -455,7 +520,7 @@ private:
                     "gradients: Embedding's sparse(false))"
               : "backward gave no gradient to " + unused +
                     " (pass find_unused_parameters = true to reduce zeros for them)";
-      comm().abandon_grad_sync(why);
+      comm().abandon_grad_sync_for(&sync_, why);
       failure_ = "cohort::torch::distributed_optimizer on rank " + std::to_string(comm().rank()) +
                  ": " + why;
     }
@@ -478,21 +543,79 @@ private:
         return;
       }
       std::optional<std::size_t> changed;
+      std::optional<std::size_t> modified;
       {
         const std::lock_guard lock(mutex_);
         changed = in_flight_.changed(params_);
+        modified = in_flight_.modified(params_);
       }
-      if (changed) {
+      if (changed || modified) {
         const std::string why =
-            "parameter '" + params_[*changed].name +
-            "' changed while its step's gradients were being reduced: an optimizer stepped "
-            "before step() with gradients cohort's thread was still writing (a reference to "
-            "inner() kept from before backward? call opt.inner() after backward: it waits)";
-        comm().abandon_grad_sync(why);
+            changed ? "parameter '" + params_[*changed].name +
+                          "' changed while its step's gradients were being reduced: something "
+                          "updated it between backward and step() with gradients cohort's "
+                          "thread was still writing (another optimizer over the same "
+                          "parameters?)"
+                    : "the gradient of '" + params_[*modified].name +
+                          "' was changed in place while cohort's thread was reducing it (a "
+                          "zero_grad between backward and step() through a "
+                          "torch::optim::Optimizer& or the module, which cohort does not see: "
+                          "call the distributed_optimizer's own zero_grad(), or step() first)";
+        comm().abandon_grad_sync_for(&sync_, why);
         throw invalid_argument("cohort::torch::distributed_optimizer on rank " +
                                std::to_string(comm().rank()) + ": " + why);
       }
     }
+  }
+
+  std::size_t optimized_count() const {
+    std::size_t n = 0;
+    for (const auto& group : this->param_groups()) {
+      n += group.params().size();
+    }
+    return n;
+  }
+
+  // The optimizer's settings as they reach each step: its learning rates (what an edit of
+  // param_groups() or a scheduler changes) and the groups' sizes.
+  std::uint64_t settings_fingerprint() const {
+    cohort::detail::fingerprint f;
+    f.add(this->param_groups().size());
+    for (const auto& group : this->param_groups()) {
+      f.add(group.params().size());
+      double lr = 0.0;
+      try {
+        lr = group.has_options() ? group.options().get_lr() : 0.0;
+      } catch (const c10::Error&) {
+        // (an optimizer whose options have no learning rate)
+      }
+      f.add(std::bit_cast<std::uint64_t>(lr));
+    }
+    return f.value();
+  }
+
+  // One 16-byte all-reduce a step; where the ranks differ, every rank throws, naming the option.
+  void agree_on_settings() {
+    const std::uint64_t mine = settings_fingerprint();
+    cohort::detail::fingerprint f;
+    f.add(mine);
+    if (cohort::detail::same_on_every_rank(comm(), f)) {
+      if (optimized_count() != optimized_) {
+        // (on every rank alike: their groups' sizes agree)
+        throw invalid_argument(
+            "cohort::torch::distributed_optimizer::step on rank " + std::to_string(comm().rank()) +
+            ": its param groups hold " + std::to_string(optimized_count()) + " tensors, and held " +
+            std::to_string(optimized_) +
+            " when it was made: cohort reduces the gradients of the module it was made over "
+            "only (add every param group before wrapping the optimizer)");
+      }
+      return;
+    }
+    agree_on_optimizer(comm(), *this, "distributed_optimizer::step (the optimizer's settings)");
+    throw mismatch_error("cohort::torch::distributed_optimizer::step on rank " +
+                         std::to_string(comm().rank()) +
+                         ": the ranks' param groups differ in number or size (a group added on "
+                         "some ranks only?)");
   }
 
   // Throws what the end of backward found, or gives unused parameters their zeros.
@@ -529,6 +652,8 @@ private:
   distributed_options options_;
   std::vector<parameter> params_; // before sync_, which holds it by reference
   std::vector<parameter> buffers_;
+  std::vector<parameter> named_; // every parameter, frozen ones too: the optimizer state's names
+  std::size_t optimized_ = 0;    // the tensors in the param groups, at construction
   // The step in flight's gradients, held until it ends; before sync_, whose destructor waits for
   // cohort's thread. Under mutex_.
   detail::in_flight in_flight_{params_.size()};

@@ -97,6 +97,38 @@ inline state_message save_state(::torch::optim::Optimizer& optimizer) {
 }
 
 // Loads the root's state; returns what went wrong ("" if nothing).
+//! What cohort::torch::distributed_optimizer tells the functions that take it as a
+//! `torch::optim::Optimizer&`: the optimizer type it is (compared across ranks: not the
+//! wrapper's), and, while the root's state is loaded into it here, that its own `load()` (which
+//! is collective: every rank loads, then takes the root's state) must only load.
+struct distributed_wrapper {
+  explicit distributed_wrapper(const std::type_info& wrapped) noexcept
+      : wrapped_type(&wrapped) {}
+  const std::type_info* wrapped_type;
+  bool loading_root_state = false;
+};
+
+// Marks `optimizer`'s load as the root's state arriving, while it lives.
+class loading_root_state {
+public:
+  explicit loading_root_state(::torch::optim::Optimizer& optimizer)
+      : target_(dynamic_cast<distributed_wrapper*>(&optimizer)) {
+    if (target_ != nullptr) {
+      target_->loading_root_state = true;
+    }
+  }
+  loading_root_state(const loading_root_state&) = delete;
+  loading_root_state& operator=(const loading_root_state&) = delete;
+  ~loading_root_state() {
+    if (target_ != nullptr) {
+      target_->loading_root_state = false;
+    }
+  }
+
+private:
+  distributed_wrapper* target_;
+};
+
 inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_message& message,
                               const std::vector<parameter>& named) {
   try {
@@ -111,7 +143,10 @@ inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_
     // Loading adds the root's state to what is there: a parameter the root has no state for
     // would keep this rank's.
     optimizer.state().clear();
-    optimizer.load(archive);
+    {
+      const loading_root_state loading(optimizer);
+      optimizer.load(archive);
+    }
     for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
       ::torch::serialize::InputArchive options;
       archive.read("cohort/options/" + std::to_string(g), options);
@@ -144,7 +179,9 @@ inline std::string option_text(const c10::IValue& value) {
 // type, then every option LibTorch serializes, by name), read through LibTorch's own
 // serialization so that any optimizer's options are covered.
 inline std::vector<setting> optimizer_settings(const ::torch::optim::Optimizer& optimizer) {
-  std::vector<setting> settings{{"the optimizer's type", c10::demangle(typeid(optimizer).name())}};
+  const auto* wrapper = dynamic_cast<const distributed_wrapper*>(&optimizer);
+  const std::type_info& type = wrapper != nullptr ? *wrapper->wrapped_type : typeid(optimizer);
+  std::vector<setting> settings{{"the optimizer's type", c10::demangle(type.name())}};
   for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     const auto& options = optimizer.param_groups()[g].options();
     const std::string group = "param group " + std::to_string(g);

@@ -3,7 +3,8 @@
 
 // What cohort::torch::distributed_optimizer keeps of a step whose gradients are being reduced on
 // cohort's thread: every gradient that reduction reads or writes, held until the step ends, and
-// a probe of each parameter's values from when it began.
+// a probe of each parameter's values from when it began, and each gradient's version (what an
+// in-place change of it moves) from when it was last read for the reduction.
 
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/config.hpp>
@@ -28,6 +29,7 @@ public:
   explicit in_flight(std::size_t parameters) {
     held_.reserve(parameters);
     probes_.reserve(parameters);
+    versions_.reserve(parameters);
   }
 
   in_flight(const in_flight&) = delete;
@@ -40,6 +42,7 @@ public:
     for (const parameter& p : params) {
       hold(p.value.grad());
       probes_.push_back(probe(p.value));
+      versions_.push_back(version_of(p.value.grad()));
     }
   }
 
@@ -47,6 +50,9 @@ public:
   void mark(std::size_t index, const at::Tensor& grad) {
     if (index >= probes_.size() || !grad.is_same(held_[index].tensor)) {
       hold(grad);
+    }
+    if (index < versions_.size()) {
+      versions_[index] = version_of(grad);
     }
   }
 
@@ -75,6 +81,20 @@ public:
     return std::nullopt;
   }
 
+  //! The first of `params` whose gradient was changed in place since it was read for the
+  //! reduction (zeroed by a `zero_grad` cohort did not see: the base class's, the module's), if
+  //! any: cohort's thread would write the reduced value over it, or has.
+  std::optional<std::size_t> modified(const std::vector<parameter>& params) const {
+    for (std::size_t i = 0; i < params.size() && i < versions_.size(); ++i) {
+      const at::Tensor& grad = params[i].value.grad();
+      if (grad.defined() && grad.unsafeGetTensorImpl() == versions_[i].impl &&
+          grad._version() != versions_[i].version) {
+        return i;
+      }
+    }
+    return std::nullopt;
+  }
+
   //! Once no reduction is pending: what was held goes, each storage resizable again as it was
   //! (in reverse: one held twice was made not resizable once).
   void let_go() noexcept {
@@ -85,6 +105,7 @@ public:
     }
     held_.clear(); // (the capacities stay: no allocation per step)
     probes_.clear();
+    versions_.clear();
   }
 
 private:
@@ -115,8 +136,18 @@ private:
     return f.value();
   }
 
+  struct version {
+    const c10::TensorImpl* impl; // (compared only: never dereferenced)
+    std::int64_t version;
+  };
+  static version version_of(const at::Tensor& grad) {
+    return grad.defined() ? version{grad.unsafeGetTensorImpl(), grad._version()}
+                          : version{nullptr, 0};
+  }
+
   std::vector<held_gradient> held_; // the first ones: the gradients `begin` held, by index
   std::vector<std::uint64_t> probes_;
+  std::vector<version> versions_;
 };
 
 } // namespace torch::detail
