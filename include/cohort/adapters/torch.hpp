@@ -6,16 +6,21 @@
 // an optimizer's state broadcast by parameter name (torch/optimizer_state.hpp), the intra-op
 // threads a rank should run (torch/threads.hpp), and
 // `cohort::torch::distributed_optimizer` (torch/distributed_optimizer.hpp): DDP for C++, with
-// backward hooks for overlap. Opt-in: not included by <cohort/cohort.hpp>; link the
+// backward hooks for overlap; each rank's share of a dataset for LibTorch's data loader
+// (torch/distributed_sampler.hpp), evaluation over such a loader (torch/evaluate.hpp), and
+// seeds per rank (torch/random.hpp). Opt-in: not included by <cohort/cohort.hpp>; link the
 // `cohort::torch` CMake target. Written against the API that LibTorch 1.13 and 2.x share;
 // nothing of c10d or ProcessGroup (internal, and changed between versions).
 
 #include <cohort/adapters/torch/batch_norm.hpp>
 #include <cohort/adapters/torch/distributed_optimizer.hpp>
+#include <cohort/adapters/torch/distributed_sampler.hpp>
+#include <cohort/adapters/torch/evaluate.hpp>
 #include <cohort/adapters/torch/functions.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/multi_node_sequential.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
+#include <cohort/adapters/torch/random.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/tensor_batches.hpp>
 #include <cohort/adapters/torch/threads.hpp>
