@@ -8,8 +8,9 @@
 // `cohort::torch::distributed_optimizer` (torch/distributed_optimizer.hpp): DDP for C++, with
 // backward hooks for overlap; each rank's share of a dataset for LibTorch's data loader
 // (torch/distributed_sampler.hpp), evaluation over such a loader (torch/evaluate.hpp), and
-// seeds per rank (torch/random.hpp). Opt-in: not included by <cohort/cohort.hpp>; link the
-// `cohort::torch` CMake target. Written against the API that LibTorch 1.13 and 2.x share;
+// seeds per rank (torch/random.hpp). With <cohort/cohort.hpp> (the strategies, the
+// communicator), so that a LibTorch trainer includes this one header. Opt-in: not included by
+// <cohort/cohort.hpp>; link the `cohort::torch` CMake target. Written against the API that LibTorch 1.13 and 2.x share;
 // nothing of c10d or ProcessGroup (internal, and changed between versions).
 
 #include <cohort/adapters/torch/batch_norm.hpp>
@@ -24,3 +25,4 @@
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/tensor_batches.hpp>
 #include <cohort/adapters/torch/threads.hpp>
+#include <cohort/cohort.hpp>
