@@ -14,7 +14,6 @@
 // Each rank takes --batch examples a step: N ranks take N times the batch of one.
 
 #include <cohort/adapters/torch.hpp>
-#include <cohort/cohort.hpp>
 
 #include <boost/mpi/environment.hpp>
 
@@ -200,14 +199,14 @@ int train(const options& o, cohort::flat& comm) {
 
   // cohort change 2/6: the optimizers are wrapped (rank 0's weights, buffers and moments are
   // copied to every rank here); they are still Adam optimizers, which torch::save takes.
-  cohort::torch::distributed_optimizer<torch::optim::Adam, cohort::flat> generator_optimizer(
+  cohort::torch::distributed_optimizer generator_optimizer{
       torch::optim::Adam(generator->parameters(),
                          torch::optim::AdamOptions(2e-4).betas({0.5, 0.999})),
-      comm, *generator);
-  cohort::torch::distributed_optimizer<torch::optim::Adam, cohort::flat> discriminator_optimizer(
+      comm, *generator};
+  cohort::torch::distributed_optimizer discriminator_optimizer{
       torch::optim::Adam(discriminator->parameters(),
                          torch::optim::AdamOptions(2e-4).betas({0.5, 0.999})),
-      comm, *discriminator);
+      comm, *discriminator};
 
   // cohort change 3/6: noise (and label smoothing) drawn per rank: with one seed everywhere,
   // every rank would draw the same noise and the ranks would add nothing to each other.
