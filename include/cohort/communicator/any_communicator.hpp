@@ -304,6 +304,9 @@ public:
                              std::string_view why) noexcept requires overlapping {
     call([&](auto& c) { c.abandon_grad_sync_for(owner, why); });
   }
+  bool wait_grad_sync_transfers(const void* owner) requires overlapping {
+    return call([&](auto& c) { return c.wait_grad_sync_transfers(owner); });
+  }
   bool take_kept_grad_sync(const void* owner) noexcept requires overlapping {
     bool kept = false;
     call([&](auto& c) { kept = c.take_kept_grad_sync(owner); });

@@ -254,6 +254,14 @@ public:
     syncs_->finish(checks(), whose, end, now);
   }
 
+  //! Waits until every bucket of `owner`'s pending overlapped reduction is reduced, so that its
+  //! gradients hold their reduced values, without ending the step (no collective: the step's end
+  //! is still agreed at `wait_grad_sync`, where a failure on the way is thrown). What LibTorch's
+  //! adapter does at the end of backward, as DDP does. Returns false, waiting for nothing, where
+  //! that cannot be now (none pending, gradients not all marked ready, or a reduction begun
+  //! before still waiting for its own).
+  bool wait_grad_sync_transfers(const void* owner) { return syncs_->wait_transfers(owner); }
+
   //! Whether `owner`'s last overlapped reduction was ended, its gradients kept reduced, by the
   //! wait of a reduction begun after it (another optimizer's step); forgets it. Its gradients
   //! are reduced already: the step that follows does not reduce them again.
@@ -321,7 +329,8 @@ public:
     return syncs_ != nullptr && syncs_->pending_at(generation);
   }
 
-  //! Bytes held by the gradient buckets of the last layout reduced (0 for device strategies).
+  //! Bytes held by the gradient buckets (each optimizer's, of the last layout it reduced; 0 for
+  //! device strategies).
   std::size_t bucket_buffer_bytes() const noexcept {
     return syncs_ ? syncs_->bucket_buffer_bytes() : 0;
   }
@@ -443,15 +452,13 @@ private:
   // `owner`'s pending lane (for no owner: the request's, else the one pending, if only one is),
   // or an error naming `operation`. Under the queue's mutex.
   engine::grad_sync& pending_lane(std::string_view operation, const void* owner) {
-    engine::grad_sync* lane = syncs_->pending_lane(owner);
-    if (lane == nullptr && owner == nullptr) {
-      lane = syncs_->only_pending();
-    }
+    engine::grad_sync* lane = syncs_->pending_or_only(owner);
     if (lane == nullptr) {
-      throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                             std::to_string(rank()) +
-                             ": no overlapped allreduce_grad is pending (begin_allreduce_grad "
-                             "starts one)");
+      throw invalid_argument(
+          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": " +
+          (owner == nullptr && syncs_->pending()
+               ? "several optimizers' overlapped reductions are pending: name the owner"
+               : "no overlapped allreduce_grad is pending (begin_allreduce_grad starts one)"));
     }
     return *lane;
   }

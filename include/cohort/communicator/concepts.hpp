@@ -75,6 +75,7 @@ concept overlapping_communicator = communicator<C> && !requires {
   c.abandon_grad_sync("why");
   c.abandon_grad_sync_for(owner, "why");
   { c.take_kept_grad_sync(owner) } -> std::same_as<bool>;
+  { c.wait_grad_sync_transfers(owner) } -> std::same_as<bool>;
   c.forget_grad_sync_owner(owner);
   c.validate_grad_sync(slots, detail::reducer_archetype{}, missing_grad::report);
   { cc.grad_sync_pending() } -> std::same_as<bool>;

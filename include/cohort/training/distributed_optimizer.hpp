@@ -188,6 +188,9 @@ public:
   //! step; memory freed meanwhile is the caller's bug (LibTorch's adapter holds every tensor for
   //! its caller).
   void grad_ready(std::size_t index) requires overlapping_communicator<communicator_type> {
+    // A gradient changes: reduced gradients another optimizer's step kept for this one are
+    // this one's no longer (inside no_sync() too: the step after must reduce them).
+    comm_->take_kept_grad_sync(this);
     if (no_sync_depth_.load(std::memory_order_relaxed) != 0 || options_.double_buffering) {
       return;
     }
@@ -221,6 +224,20 @@ public:
   //! that failed on every rank in the last one is over (see grad_ready: without this call, a
   //! backward is known to be new when it marks a gradient the failed one marked).
   void backward_began() noexcept { clear_failed_start(); }
+
+  //! Waits until this optimizer's pending reduction has reduced every bucket (its gradients hold
+  //! the reduced values) without ending the step, as DDP does at the end of backward: from then
+  //! on the gradients may change (clipping, a zero_grad of LibTorch's own) with no harm, and the
+  //! step's end compares nothing of them. Does nothing where it cannot wait now (see
+  //! wait_grad_sync_transfers).
+  void wait_reduced() requires overlapping_communicator<communicator_type> {
+    if (!options_.double_buffering && comm_->wait_grad_sync_transfers(this)) {
+      reduced_.store(true, std::memory_order_relaxed);
+    }
+  }
+
+  //! Whether the pending reduction has reduced every bucket (see wait_reduced).
+  bool reduced() const noexcept { return reduced_.load(std::memory_order_relaxed); }
 
   //! Ends this optimizer's pending reduction, its gradients kept reduced, before a second
   //! backward of the same step accumulates onto them (what LibTorch's adapter does as that
@@ -284,6 +301,16 @@ public:
     return no_sync_guard(*this);
   }
 
+  //! Whether the reducer averages (maps equal gradients to themselves: `mean`, `compressed`):
+  //! only then is reducing gradients reduced already, plus new ones, right (R(R(a) + b) =
+  //! R(a + b)), as a backward that accumulates onto reduced gradients does.
+  bool averages() const {
+    const int ranks = comm_->size();
+    const grad_reduction plan = reducer_.plan(dtype::float32, ranks);
+    const double gain = plan.pre_scale * plan.post_scale * ranks;
+    return plan.op == reduce_op::sum && gain > 1.0 - 1e-9 && gain < 1.0 + 1e-9;
+  }
+
   //! Whether gradients are reduced now (false inside `no_sync()`).
   bool syncing() const noexcept { return no_sync_depth_.load(std::memory_order_relaxed) == 0; }
 
@@ -312,7 +339,9 @@ private:
   // the memory it reads and writes (a gradient replaced since is an error on every rank).
   // (Double buffering reduces its own copies; dropped gradients may have moved harmlessly.)
   void end_pending(step_end end) requires overlapping_communicator<communicator_type> {
-    if (options_.double_buffering || end == step_end::discard) {
+    // (reset first: what follows may throw, and the reduction is over either way)
+    const bool reduced = reduced_.exchange(false, std::memory_order_relaxed);
+    if (options_.double_buffering || end == step_end::discard || reduced) {
       comm_->wait_grad_sync(end, {}, this);
       return;
     }
@@ -338,13 +367,8 @@ private:
 
   void clear_failed_start() noexcept { start_failed_.store(false, std::memory_order_relaxed); }
 
-  // A second reduction of gradients reduced already is right only for a reducer that averages:
-  // R(R(a) + b) = R(a + b) when R maps equal inputs to themselves.
   void require_averaging(const std::string& what) const {
-    const int ranks = comm_->size();
-    const grad_reduction plan = reducer_.plan(dtype::float32, ranks);
-    const double gain = plan.pre_scale * plan.post_scale * ranks;
-    if (plan.op != reduce_op::sum || gain < 1.0 - 1e-9 || gain > 1.0 + 1e-9) {
+    if (!averages()) {
       throw invalid_argument("cohort: " + what + " on rank " + std::to_string(comm_->rank()) +
                              ": this step's gradients are reduced already, and reducing them "
                              "again with this reducer (not a mean) would scale them twice: wrap "
@@ -431,6 +455,7 @@ private:
   std::atomic<int> no_sync_depth_{0};
   std::atomic<bool> synchronized_{false};
   std::atomic<bool> start_failed_{false};
+  std::atomic<bool> reduced_{false}; // the pending reduction's buckets all reduced (wait_reduced)
   // After a failed start: the gradients marked since (see failed_backward_over).
   std::mutex failed_mutex_;
   std::vector<char> failed_marks_;

@@ -135,6 +135,12 @@ public:
   //! Whether every gradient is marked ready (cohort's thread needs nothing more from the caller).
   bool all_marked() const noexcept { return readiness_.all_launched(); }
 
+  //! Waits until every launched bucket is reduced (the gradients hold their reduced values),
+  //! without ending the step: no collective, and a failure is kept for `finish`. Call it once
+  //! every gradient is marked and no lane begun before waits for gradients, without holding
+  //! `mutex()`.
+  void wait_transfers() { worker_->wait(*this, /*rethrow=*/false); }
+
   //! Ends a pending overlapped reduction without sending what was not marked ready (see
   //! basic_communicator::abandon_grad_sync). Does nothing if none is pending.
   void abandon(std::string_view why) noexcept;

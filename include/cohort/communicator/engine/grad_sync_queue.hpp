@@ -51,8 +51,8 @@ public:
   //! `owner`'s lane if its reduction is pending, else null. Never blocks.
   grad_sync* pending_lane(const void* owner) const noexcept;
 
-  //! The one lane pending, if exactly one is; else null.
-  grad_sync* only_pending() const noexcept;
+  //! `owner`'s pending lane; for no owner, a request's, else the one pending if only one is.
+  grad_sync* pending_or_only(const void* owner) const noexcept;
 
   //! `owner` will not reduce again (its optimizer is gone): another may take its lane.
   void give_back(const void* owner) noexcept;
@@ -82,6 +82,11 @@ public:
   //! Abandons every pending reduction, in the order they began.
   void abandon_all(std::string_view why) noexcept;
 
+  //! Waits until every bucket of `owner`'s pending reduction is reduced, without ending it (see
+  //! grad_sync::wait_transfers). Returns false, waiting for nothing, where that cannot be now:
+  //! none pending, a gradient not marked, a lane begun before still waiting for gradients.
+  bool wait_transfers(const void* owner);
+
   //! Whether `owner`'s last reduction was ended with its gradients kept by a later one's step
   //! (and forgets it): they are reduced already.
   bool take_kept(const void* owner) noexcept;
@@ -104,8 +109,9 @@ public:
   std::vector<bucket_order> learned_orders() const;
   //! Every lane, and every lane made later, adopts `orders` (each a layout's).
   void restore_orders(std::vector<bucket_order> orders);
-  //! Of the lane used last.
+  //! Every lane's (each holds its own buckets).
   std::size_t bucket_buffer_bytes() const noexcept;
+  //! Of the lane used last.
   std::size_t bucket_count() const noexcept;
 
 private:
@@ -125,7 +131,7 @@ private:
   std::array<const void*, max_lanes> users_{}; // whose each lane is (given_back(): no one's)
   std::atomic<std::size_t> count_{0};
   std::atomic<std::uint64_t> generation_{0};
-  grad_sync* last_ = nullptr;
+  std::atomic<grad_sync*> last_{nullptr};
   std::vector<bucket_order> restored_;
   bool threads_checked_ = false;
   std::unique_ptr<grad_sync::worker_type> worker_; // last: its thread stops before the lanes go

@@ -64,11 +64,11 @@ public:
   void launch(const Owner& owner, std::size_t up_to) {
     {
       const std::lock_guard lock(mutex_);
-      job& j = find(owner);
-      if (up_to <= j.launched) {
+      job* j = find(owner);
+      if (j == nullptr || up_to <= j->launched) {
         return;
       }
-      j.launched = std::min(up_to, j.total);
+      j->launched = std::min(up_to, j->total);
     }
     work_.notify_one();
   }
@@ -76,8 +76,8 @@ public:
   //! Whether every launched bucket of `owner`'s job is reduced (never blocks).
   bool idle(const Owner& owner) {
     const std::lock_guard lock(mutex_);
-    const job& j = find(owner);
-    return j.done == j.launched;
+    const job* j = find(owner);
+    return j == nullptr || j->done == j->launched;
   }
 
   //! The owner of a job started before `owner`'s whose buckets are not all launched yet (its
@@ -96,16 +96,16 @@ public:
   }
 
   //! Blocks until every launched bucket of `owner`'s job is reduced; rethrows its first
-  //! failure. The job stays queued until `close`.
-  void wait(const Owner& owner) {
+  //! failure (`rethrow`), or keeps it for the next `wait`. The job stays queued until `close`.
+  void wait(const Owner& owner, bool rethrow = true) {
     std::unique_lock lock(mutex_);
     done_changed_.wait(lock, [&] {
-      const job& j = find(owner);
-      return j.done == j.launched;
+      const job* j = find(owner);
+      return j == nullptr || j->done == j->launched;
     });
-    job& j = find(owner);
-    if (j.failure) {
-      std::exception_ptr failure = std::exchange(j.failure, nullptr);
+    job* j = find(owner);
+    if (rethrow && j != nullptr && j->failure) {
+      std::exception_ptr failure = std::exchange(j->failure, nullptr);
       lock.unlock();
       std::rethrow_exception(failure);
     }
@@ -126,9 +126,11 @@ private:
     std::exception_ptr failure;
   };
 
-  job& find(const Owner& owner) {
-    // (A handful of jobs at most: one per optimizer with a reduction pending.)
-    return *std::ranges::find_if(jobs_, [&](const job& j) { return j.owner == &owner; });
+  // `owner`'s job, or null once closed. (A handful of jobs at most: one per optimizer with a
+  // reduction pending.)
+  job* find(const Owner& owner) {
+    const auto it = std::ranges::find_if(jobs_, [&](const job& j) { return j.owner == &owner; });
+    return it != jobs_.end() ? &*it : nullptr;
   }
 
   // The first job not reduced whole, if it has a launched bucket to reduce; else null (nothing
@@ -166,11 +168,12 @@ private:
         }
       }
       lock.lock();
-      job& now = find(*owner); // (the vector may have moved meanwhile: a job started)
+      job* now = find(*owner); // (the vector may have moved meanwhile: a job started; a job is
+                               // closed only once its launched buckets are done)
       if (failure) {
-        now.failure = failure;
+        now->failure = failure;
       }
-      ++now.done;
+      ++now->done;
       done_changed_.notify_all();
     }
   }

@@ -141,13 +141,10 @@ COHORT_DECL void grad_sync::finish(step_end end) {
     grad_sync& g;
     ~done_on_exit() {
       // Whatever threw, cohort's thread is done with this step before the next may start.
-      try {
-        g.worker_->wait(g);
-      } catch (...) {
-      }
-      g.worker_->close(g);
+      g.worker_->wait(g, /*rethrow=*/false);
       const std::lock_guard lock(g.mutex_);
-      g.pending_ = false;
+      g.pending_ = false; // first: a query under the mutex never finds it pending and closed
+      g.worker_->close(g);
       g.step_range_.close();
     }
   } done{*this};

@@ -15,18 +15,21 @@ namespace engine {
 
 COHORT_DECL grad_sync& grad_sync_queue::lane_for(const checks& c, const void* owner) {
   const std::size_t count = count_.load(std::memory_order_relaxed);
-  grad_sync* free = nullptr;
+  const auto use = [&](std::size_t i) -> grad_sync& {
+    users_[i] = owner;
+    last_.store(lanes_[i].get());
+    return *lanes_[i];
+  };
   for (std::size_t i = 0; i < count; ++i) {
     if (users_[i] == owner) {
-      return *(last_ = lanes_[i].get());
-    }
-    if (free == nullptr && users_[i] == given_back() && !lanes_[i]->pending()) {
-      free = lanes_[i].get();
-      users_[i] = owner;
+      return use(i);
     }
   }
-  if (free != nullptr) {
-    return *(last_ = free);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (users_[i] == given_back() && !lanes_[i]->pending()) {
+      lanes_[i]->take_kept(); // (its last owner's)
+      return use(i);
+    }
   }
   if (count == max_lanes) {
     throw invalid_argument("cohort: rank " + std::to_string(c.rank()) + ": more than " +
@@ -38,9 +41,8 @@ COHORT_DECL grad_sync& grad_sync_queue::lane_for(const checks& c, const void* ow
   if (!restored_.empty()) {
     lanes_[count]->restore_orders(restored_);
   }
-  users_[count] = owner;
   count_.store(count + 1, std::memory_order_release);
-  return *(last_ = lanes_[count].get());
+  return use(count);
 }
 
 COHORT_DECL grad_sync* grad_sync_queue::pending_lane(const void* owner) const noexcept {
@@ -52,7 +54,10 @@ COHORT_DECL grad_sync* grad_sync_queue::pending_lane(const void* owner) const no
   return nullptr;
 }
 
-COHORT_DECL grad_sync* grad_sync_queue::only_pending() const noexcept {
+COHORT_DECL grad_sync* grad_sync_queue::pending_or_only(const void* owner) const noexcept {
+  if (grad_sync* mine = pending_lane(owner); mine != nullptr || owner != nullptr) {
+    return mine;
+  }
   grad_sync* found = nullptr;
   for (const auto& lane : lanes()) {
     if (lane->pending()) {
@@ -98,25 +103,25 @@ COHORT_DECL void grad_sync_queue::begin(grad_sync& lane, const checks& c, const 
 
 COHORT_DECL void grad_sync_queue::finish(const checks& c, const void* owner, step_end end,
                                          std::span<const grad_slot> now) {
-  grad_sync* mine = pending_lane(owner);
-  if (mine == nullptr) {
-    return;
-  }
-  // The lanes begun before, oldest first.
-  std::array<grad_sync*, max_lanes> before{};
+  std::array<grad_sync*, max_lanes> before{}; // the lanes begun before, oldest first
   std::size_t n = 0;
-  for (const auto& lane : lanes()) {
-    if (lane->pending() && lane->generation() < mine->generation()) {
-      // (inserted in order: a handful at most)
-      std::size_t at = n++;
-      for (; at > 0 && before[at - 1]->generation() > lane->generation(); --at) {
-        before[at] = before[at - 1];
-      }
-      before[at] = lane.get();
-    }
-  }
+  grad_sync* mine = nullptr;
   {
     const std::lock_guard lock(mutex_);
+    mine = pending_or_only(owner);
+    if (mine == nullptr) {
+      return;
+    }
+    for (const auto& lane : lanes()) {
+      if (lane->pending() && lane->generation() < mine->generation()) {
+        // (inserted in order: a handful at most)
+        std::size_t at = n++;
+        for (; at > 0 && before[at - 1]->generation() > lane->generation(); --at) {
+          before[at] = before[at - 1];
+        }
+        before[at] = lane.get();
+      }
+    }
     for (std::size_t i = 0; i < n; ++i) {
       if (!before[i]->all_marked()) {
         throw invalid_argument(
@@ -135,6 +140,24 @@ COHORT_DECL void grad_sync_queue::finish(const checks& c, const void* owner, ste
     before[i]->finish(step_end::keep);
   }
   mine->finish(end);
+}
+
+COHORT_DECL bool grad_sync_queue::wait_transfers(const void* owner) {
+  grad_sync* mine = nullptr;
+  {
+    const std::lock_guard lock(mutex_);
+    mine = pending_lane(owner);
+    if (mine == nullptr || !mine->all_marked()) {
+      return false;
+    }
+    for (const auto& lane : lanes()) {
+      if (lane->pending() && lane->generation() < mine->generation() && !lane->all_marked()) {
+        return false;
+      }
+    }
+  }
+  mine->wait_transfers();
+  return true;
 }
 
 COHORT_DECL void grad_sync_queue::abandon(const void* owner, std::string_view why) noexcept {
@@ -187,10 +210,7 @@ COHORT_DECL bool grad_sync_queue::pending_at(std::uint64_t generation) const noe
 }
 
 COHORT_DECL bool grad_sync_queue::complete(const void* owner) {
-  grad_sync* mine = pending_lane(owner);
-  if (mine == nullptr && owner == nullptr) {
-    mine = only_pending();
-  }
+  grad_sync* mine = pending_or_only(owner);
   return mine == nullptr || mine->complete();
 }
 
@@ -239,11 +259,16 @@ COHORT_DECL void grad_sync_queue::restore_orders(std::vector<bucket_order> order
 }
 
 COHORT_DECL std::size_t grad_sync_queue::bucket_buffer_bytes() const noexcept {
-  return last_ != nullptr ? last_->bucket_buffer_bytes() : 0;
+  std::size_t bytes = 0;
+  for (const auto& lane : lanes()) {
+    bytes += lane->bucket_buffer_bytes();
+  }
+  return bytes;
 }
 
 COHORT_DECL std::size_t grad_sync_queue::bucket_count() const noexcept {
-  return last_ != nullptr ? last_->bucket_count() : 0;
+  const grad_sync* last = last_.load();
+  return last != nullptr ? last->bucket_count() : 0;
 }
 
 } // namespace engine
