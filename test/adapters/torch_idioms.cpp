@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <torch/torch.h>
@@ -238,30 +239,108 @@ BOOST_AUTO_TEST_CASE(two_backward_passes_with_a_sum_reducer_say_where_no_sync_go
     loss_of(m, r, 1).backward(); // (one rank's sum is its mean: nothing to refuse)
   } else {
     BOOST_CHECK_EXCEPTION(loss_of(m, r, 1).backward(), std::exception,
-                          message_has({"no_sync()", "scale them twice"}));
+                          message_has({"no_sync()", "holds its reduced value", "fc"}));
   }
   opt.zero_grad();
   BOOST_TEST(!comm.grad_sync_pending());
 }
 
-// Point 3: LibTorch's own zero_grad (the base class's, through a torch::optim::Optimizer&)
-// between backward and step() zeros gradients cohort's thread is reducing: an error on every
-// rank, naming the gradient, not averaged values written over zeros.
-BOOST_AUTO_TEST_CASE(a_base_class_zero_grad_during_the_reduction_is_an_error) {
+// Point 1: between backward and step() the gradients hold their reduced values (backward waits
+// for its reduction, as DDP's does), so a trainer written for one process may change them there:
+// clip_grad_norm_ in a function that takes a torch::optim::Optimizer&, or LibTorch's own
+// zero_grad through that reference (the base class's: not the wrapper's).
+BOOST_AUTO_TEST_CASE(gradients_may_change_between_backward_and_step_as_in_one_process) {
   cohort::flat comm = cohort::make_communicator<cohort::flat>();
   const int r = comm.rank();
-  wide m = wide_seeded(r);
-  sgd_optimizer opt{torch::optim::SGD(m->parameters(), 0.05), comm, *m};
-  loss_of(m, r, 0).backward();
-  while (!comm.grad_sync_complete()) {
-    std::this_thread::yield(); // (not a race ThreadSanitizer would see: the reduction is done)
+  wide clipped = wide_seeded(r);
+  wide explicit_sync = wide_seeded(r);
+  sgd_optimizer opt{torch::optim::SGD(clipped->parameters(), 0.05), comm, *clipped};
+  sgd_optimizer sync_opt{torch::optim::SGD(explicit_sync->parameters(), 0.05), comm,
+                         *explicit_sync};
+  const auto clip_step = [](torch::optim::Optimizer& o, wide& m, int rank, int step) {
+    o.zero_grad();
+    loss_of(m, rank, step).backward();
+    torch::nn::utils::clip_grad_norm_(m->parameters(), 0.01);
+    o.step();
+  };
+  for (int s = 0; s < 3; ++s) {
+    clip_step(opt, clipped, r, s);
+    // What issue 30 asked for the same: synchronize(), clip, step().
+    sync_opt.zero_grad();
+    loss_of(explicit_sync, r, s).backward();
+    sync_opt.synchronize();
+    torch::nn::utils::clip_grad_norm_(explicit_sync->parameters(), 0.01);
+    sync_opt.step();
   }
+  BOOST_TEST(same_on_every_rank(comm, clipped->parameters()));
+  BOOST_TEST(bit_identical(clipped->parameters(), explicit_sync->parameters()));
+  // LibTorch 1.13's base zero_grad zeroes in place (2.x's sets to none): SGD without momentum
+  // then leaves the parameters as they were, on every rank.
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& p : clipped->parameters()) {
+    before.push_back(p.detach().clone());
+  }
+  loss_of(clipped, r, 3).backward();
   torch::optim::Optimizer& base = opt;
-  base.zero_grad(); // LibTorch 1.13's zeros in place; 2.x's sets to none (then: replaced)
-  BOOST_CHECK_EXCEPTION(opt.step(), cohort::error, message_has({"fc"}));
+  base.zero_grad();
+  base.step();
   BOOST_TEST(!comm.grad_sync_pending());
-  train_step(opt, m, r, 1);
+  BOOST_TEST(bit_identical(clipped->parameters(), before));
+}
+
+// The sum reducer does not average: backward adding into gradients that hold their reduced value
+// (no zero_grad since the last step) would have the next reduction scale that value again. An
+// error on every rank, from that backward, naming the gradient.
+BOOST_AUTO_TEST_CASE(accumulating_onto_reduced_gradients_with_a_sum_reducer_is_an_error) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  if (comm.size() == 1) {
+    return; // (one rank's sum is its mean)
+  }
+  wide m = wide_seeded(r);
+  cohort::torch::distributed_optimizer<torch::optim::SGD, cohort::flat, cohort::sum> opt{
+      torch::optim::SGD(m->parameters(), 0.01), comm, *m};
+  loss_of(m, r, 0).backward();
+  opt.step();
+  BOOST_CHECK_EXCEPTION(loss_of(m, r, 1).backward(), std::exception,
+                        message_has({"holds its reduced value", "zero_grad()"}));
+  opt.zero_grad();
+  loss_of(m, r, 2).backward();
+  opt.step();
+  BOOST_TEST(!comm.grad_sync_pending());
   BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+}
+
+// Lanes: an optimizer destroyed gives its lane back, so that a trainer that makes many in turn
+// (one per fold, say) never runs out; more than 8 with a reduction pending at once on one
+// communicator is an error on every rank, naming the fix.
+BOOST_AUTO_TEST_CASE(optimizers_made_in_turn_reuse_lanes_and_nine_at_once_are_refused) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  for (int fold = 0; fold < 12; ++fold) {
+    torch::nn::Linear m(4, 2);
+    sgd_optimizer opt{torch::optim::SGD(m->parameters(), 0.1), comm, *m};
+    torch::manual_seed(static_cast<std::uint64_t>(fold * 10 + r));
+    m->forward(torch::randn({3, 4})).sum().backward();
+    opt.step();
+    BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  }
+  std::vector<torch::nn::Linear> models;
+  std::vector<std::unique_ptr<sgd_optimizer>> optimizers;
+  for (int i = 0; i < 9; ++i) {
+    models.emplace_back(4, 2);
+    optimizers.push_back(std::make_unique<sgd_optimizer>(
+        torch::optim::SGD(models.back()->parameters(), 0.1), comm, *models.back()));
+  }
+  for (std::size_t i = 0; i < 8; ++i) { // eight backward passes, no step: eight pending
+    models[i]->forward(torch::ones({1, 4})).sum().backward();
+  }
+  BOOST_CHECK_EXCEPTION(models[8]->forward(torch::ones({1, 4})).sum().backward(), std::exception,
+                        message_has({"more than 8 optimizers", "comm.split"}));
+  for (auto& opt : optimizers) {
+    opt->zero_grad();
+  }
+  BOOST_TEST(!comm.grad_sync_pending());
 }
 
 namespace {
@@ -323,6 +402,37 @@ std::vector<at::Tensor> train_gan(cohort::flat& comm, bool guarded, int steps) {
 }
 
 } // namespace
+
+// Point 3, the kept reduction: the generator's step ended the discriminator's reduction (begun in
+// the generator's backward), its gradients kept. Once a backward adds into them, they are not
+// reduced gradients any more: the module's zero_grad and a backward inside no_sync() (gradient
+// accumulation), then the discriminator's step, must reduce, not step with local gradients.
+BOOST_AUTO_TEST_CASE(a_kept_reduction_is_dropped_once_a_backward_adds_to_its_gradients) {
+  cohort::flat comm = cohort::make_communicator<cohort::flat>({.bucket_bytes = 1 << 14});
+  const int r = comm.rank();
+  gan g = gan_seeded(r);
+  adam_optimizer d_opt{torch::optim::Adam(g.discriminator->parameters(), 1e-3), comm,
+                       *g.discriminator};
+  adam_optimizer g_opt{torch::optim::Adam(g.generator->parameters(), 1e-3), comm, *g.generator};
+  torch::manual_seed(static_cast<std::uint64_t>(7 + r));
+  const torch::Tensor noise = torch::randn({16, 8});
+  g.generator->zero_grad();
+  torch::binary_cross_entropy(g.discriminator->forward(g.generator->forward(noise)),
+                              torch::ones({16, 1}))
+      .backward();
+  g_opt.step(); // ends the discriminator's reduction too, kept
+  g.discriminator->zero_grad();
+  {
+    const auto guard = d_opt.no_sync();
+    torch::binary_cross_entropy(g.discriminator->forward(torch::randn({16, 64})),
+                                torch::zeros({16, 1}))
+        .backward();
+  }
+  d_opt.step();
+  BOOST_TEST(!comm.grad_sync_pending());
+  BOOST_TEST(same_on_every_rank(comm, g.discriminator->parameters()));
+  BOOST_TEST(same_on_every_rank(comm, g.generator->parameters()));
+}
 
 // Point 3: a GAN ports with no no_sync(): the discriminator's two backward passes, and its
 // reduction begun in the generator's backward (pending with the generator's at once, on one

@@ -160,7 +160,9 @@ public:
       , optimized_(optimized_count())
       , sync_(detail::stepper<Optimizer>{this}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
-      , fired_(params_.size(), 0) {
+      , fired_(params_.size(), 0)
+      , averaging_(sync_.averages())
+      , lr_readable_(lr_readable()) {
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
@@ -179,7 +181,8 @@ public:
           hooks_.push_back({std::move(node), key, 0});
           // Before AccumulateGrad adds into the gradient: a new backward must not add into one
           // cohort's thread is still writing.
-          hooks_.back().arrival = value.register_hook([this](const at::Tensor&) { on_arrival(); });
+          hooks_.back().arrival =
+              value.register_hook([this, i](const at::Tensor&) { on_arrival(i); });
         }
       } catch (...) {
         remove_hooks();
@@ -418,22 +421,29 @@ private:
     hooks_.clear();
   }
 
-  // A tensor hook: a gradient arrives, before AccumulateGrad adds it. The first of a new
-  // backward (none began since the last ended) ends this optimizer's reduction still pending, its
-  // gradients kept reduced, so that this backward adds into gradients no thread writes (a second
-  // backward before the step: the mean of reduced + new is what one reduction of the sum gives).
-  void on_arrival() {
+  // A tensor hook: parameter `index`'s gradient arrives, before AccumulateGrad adds it into
+  // the one there. Reduced gradients another optimizer's step kept for this one are this one's
+  // no longer (inside no_sync() too: the step after must reduce). Adding into a reduced gradient
+  // is right for a reducer that averages only (the next reduction reduces reduced + new).
+  // The first arrival of a new backward ends this optimizer's reduction still pending, its
+  // gradients kept reduced (a second backward before the step), so that its step's end is
+  // agreed before another begins.
+  void on_arrival(std::size_t index) {
     if constexpr (overlap_possible) {
-      if (!sync_.syncing()) {
+      comm().take_kept_grad_sync(&sync_);
+      const std::lock_guard lock(mutex_);
+      if (!averaging_ && in_flight_.holds_reduced(index, params_[index].value.grad())) {
+        throw invalid_argument(
+            "cohort::torch::distributed_optimizer on rank " + std::to_string(comm().rank()) +
+            ": backward adds into the gradient of '" + params_[index].name +
+            "', which holds its reduced value, and this reducer does not average: the next "
+            "reduction would scale that value again. zero_grad() before this backward, or run "
+            "every backward of a step but its last inside no_sync()");
+      }
+      if (in_backward_ || !sync_.syncing() || !comm().grad_sync_pending_for(&sync_)) {
         return;
       }
-      {
-        const std::lock_guard lock(mutex_);
-        if (in_backward_ || !comm().grad_sync_pending_for(&sync_)) {
-          return;
-        }
-      }
-      require_parameters_untouched();
+      // (under the lock: a hook on another thread waits until the step's end is agreed)
       sync_.keep_reduced();
     }
   }
@@ -486,11 +496,29 @@ private:
   // The autograd engine's final callback: backward is over. The parameters it did not reach
   // hold zeros: reduced as such with find_unused_parameters, else an error on every rank at its
   // step (not here: an exception from backward would leave the peers' step to find out alone).
+  // Then, as DDP at the end of every backward, it waits until every bucket is reduced: when
+  // backward returns, the gradients hold their reduced values and cohort's thread is done with
+  // them, so the trainer may read or change them before step() as with one process (clip them,
+  // zero them through a torch::optim::Optimizer&). The step's end is still agreed at step().
   void on_backward_end() {
+    if constexpr (overlap_possible) {
+      if (settle_backward()) {
+        sync_.wait_reduced();
+        if (sync_.reduced()) {
+          const std::lock_guard lock(mutex_);
+          in_flight_.reduced(params_);
+        }
+      }
+    }
+  }
+
+  // What backward did not reach, settled (see on_backward_end); returns whether its reduction
+  // goes on (not abandoned).
+  bool settle_backward() {
     if constexpr (overlap_possible) {
       const std::lock_guard lock(mutex_);
       if (!in_backward_) {
-        return; // a backward whose hook threw: its step is over already
+        return false; // a backward whose hook threw: its step is over already
       }
       in_backward_ = false;
       std::string unused;
@@ -502,7 +530,7 @@ private:
         }
       }
       if (unused.empty() && sparse.empty()) {
-        return;
+        return true;
       }
       if (sparse.empty() && options_.find_unused_parameters) {
         for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -510,7 +538,7 @@ private:
             sync_.grad_ready(i);
           }
         }
-        return;
+        return true;
       }
       // The other ranks get an error naming this rank at their step; this one, at its own.
       const std::string why =
@@ -524,6 +552,7 @@ private:
       failure_ = "cohort::torch::distributed_optimizer on rank " + std::to_string(comm().rank()) +
                  ": " + why;
     }
+    return false;
   }
 
   // What the end of backward found wrong (empty if nothing); the next backward starts afresh
@@ -583,19 +612,34 @@ private:
     f.add(this->param_groups().size());
     for (const auto& group : this->param_groups()) {
       f.add(group.params().size());
-      double lr = 0.0;
-      try {
-        lr = group.has_options() ? group.options().get_lr() : 0.0;
-      } catch (const c10::Error&) {
-        // (an optimizer whose options have no learning rate)
+      if (lr_readable_ && group.has_options()) {
+        f.add(std::bit_cast<std::uint64_t>(group.options().get_lr()));
       }
-      f.add(std::bit_cast<std::uint64_t>(lr));
     }
     return f.value();
   }
 
-  // One 16-byte all-reduce a step; where the ranks differ, every rank throws, naming the option.
+  // Whether this optimizer's options have a learning rate (LibTorch's do; one of a user's own may
+  // not, and throws): asked once, not at every step.
+  bool lr_readable() const {
+    try {
+      for (const auto& group : this->param_groups()) {
+        if (group.has_options()) {
+          (void)group.options().get_lr();
+        }
+      }
+      return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }
+
+  // One 16-byte all-reduce a step (none with the agreement check off); where the ranks differ,
+  // every rank throws, naming the option.
   void agree_on_settings() {
+    if (!comm().options().check_agreement) {
+      return;
+    }
     const std::uint64_t mine = settings_fingerprint();
     cohort::detail::fingerprint f;
     f.add(mine);
@@ -660,6 +704,8 @@ private:
   sync_type sync_;
   std::mutex mutex_;
   std::vector<char> fired_;
+  bool averaging_ = true;   // the reducer's (see cohort::distributed_optimizer::averages)
+  bool lr_readable_ = true; // (see lr_readable)
   bool in_backward_ = false;
   std::string failure_; // found at the end of backward, thrown at the step
   std::vector<hook> hooks_;

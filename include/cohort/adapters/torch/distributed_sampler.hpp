@@ -65,10 +65,11 @@ struct sampler_options {
 //!
 //! Batches: every rank yields `batches(batch_size)` non-empty batches per epoch, the same number:
 //! without `drop_last` k = ceil(largest shard / batch_size), a shorter shard handing out its last
-//! examples in smaller batches (B, ..., B, B-1, 1 for a shard of (k-1)*B) rather than stopping a
-//! batch early. Where a shard cannot fill k batches (batch size 1 with uneven shards, fewer
-//! examples than ranks) `next()` and `batches()` throw `invalid_argument` on every rank, naming
-//! the shards and the fix (`pad` or `drop_last`).
+//! examples in smaller batches (B, ..., B, B/2, B/2 for a shard of (k-1)*B: never a last batch
+//! of one example where the two before it can share) rather than stopping a batch early. Where a
+//! shard cannot fill k batches (batch size 1 with uneven shards, fewer examples than ranks)
+//! `next()` and `batches()` throw `invalid_argument` on every rank, naming the shards and the fix
+//! (`pad` or `drop_last`).
 //!
 //! The sampler keeps a pointer to the communicator, which must outlive it and every copy (the
 //! loader's included), for `reset(size)`.
@@ -136,10 +137,15 @@ public:
     if (drawn_ >= count) {
       return ::torch::nullopt;
     }
-    // As many as the batch holds, leaving one example for each batch still to come.
+    // As many as the batch holds, leaving one example for each batch still to come; but where
+    // that would leave the last batch one example alone (BatchNorm refuses a batch of 1 in
+    // training, on that rank alone), the last two share what is left.
     const std::size_t batches_left = count - drawn_;
     const std::size_t examples_left = shard_.size() - position_;
-    const std::size_t take = std::min(batch_size, examples_left - (batches_left - 1));
+    std::size_t take = std::min(batch_size, examples_left - (batches_left - 1));
+    if (batches_left == 2 && examples_left - take == 1 && examples_left > 2) {
+      take = (examples_left + 1) / 2;
+    }
     const auto first = shard_.indices().begin() + static_cast<std::ptrdiff_t>(position_);
     std::vector<std::size_t> batch(first, first + static_cast<std::ptrdiff_t>(take));
     position_ += take;

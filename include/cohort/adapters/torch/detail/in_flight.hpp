@@ -30,6 +30,7 @@ public:
     held_.reserve(parameters);
     probes_.reserve(parameters);
     versions_.reserve(parameters);
+    reduced_.reserve(parameters);
   }
 
   in_flight(const in_flight&) = delete;
@@ -95,6 +96,24 @@ public:
     return std::nullopt;
   }
 
+  //! Every bucket is reduced: what was held goes (cohort's thread is done with it), and each
+  //! gradient's version is kept as its reduced value's (see holds_reduced).
+  void reduced(const std::vector<parameter>& params) {
+    let_go();
+    reduced_.clear();
+    for (const parameter& p : params) {
+      reduced_.push_back(version_of(p.value.grad()));
+    }
+  }
+
+  //! Whether `grad`, parameter `index`'s, still holds the value the last reduction left in it
+  //! (neither replaced nor changed in place since).
+  bool holds_reduced(std::size_t index, const at::Tensor& grad) const {
+    return index < reduced_.size() && grad.defined() &&
+           grad.unsafeGetTensorImpl() == reduced_[index].impl &&
+           grad._version() == reduced_[index].version;
+  }
+
   //! Once no reduction is pending: what was held goes, each storage resizable again as it was
   //! (in reverse: one held twice was made not resizable once).
   void let_go() noexcept {
@@ -148,6 +167,9 @@ private:
   std::vector<held_gradient> held_; // the first ones: the gradients `begin` held, by index
   std::vector<std::uint64_t> probes_;
   std::vector<version> versions_;
+  // Each gradient's reduced value's version, from the last `reduced` on (stale entries never
+  // match: every change of a gradient since moved its version or replaced it).
+  std::vector<version> reduced_;
 };
 
 } // namespace torch::detail
