@@ -46,7 +46,9 @@ done
 
 median() { tr ' ' '\n' <<<"$1" | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 declare -A ms
-blas=$(ldd "$bin" | grep -oE 'lib(openblas|blas)[^ ]*' | head -1)
+# (libblas.so.3 is an alternative: the file it resolves to says which BLAS)
+blas=$(ldd "$bin" | awk '/lib(open)?blas/ {print $3; exit}')
+blas=$(readlink -f "$blas" 2>/dev/null || echo "$blas")
 echo "GAN loop (MLPs: G 64-1024-1024-784, D 784-1024-1024-1; Adam; batch 64 per rank), $ranks ranks, BLAS: ${blas:-unknown}"
 printf '%-40s %16s\n' "row (median of $rounds rounds)" "ms per iteration"
 for row in "${rows[@]}"; do
