@@ -128,13 +128,15 @@ struct distributed_options {
 //! is the data-parallel one. Holds the module's parameter set and the hooks; the module and the
 //! communicator are held by reference and must outlive it. Not movable: the hooks point at it.
 //!
-//! A second backward in one step (gradient accumulation, a GAN's discriminator on real then
-//! fake) needs no guard: as it reaches its first gradient, the reduction of the first ends (its
-//! gradients reduced, as DDP reduces at the end of every backward) and the new one reduces the
-//! sum; `no_sync()` saves that reduction. Several optimizers may share a communicator, each with
-//! a reduction pending (a discriminator's hooks fire during the generator's backward): see
-//! cohort::distributed_optimizer. The hooks may run on several threads at once (a graph that
-//! spans devices); two trainers on two threads each have their own communicator.
+//! As DDP's, backward returns once its gradients are reduced: between backward and `step()` they
+//! are the trainer's (to clip, or zero through a `torch::optim::Optimizer&`). A second backward
+//! in one step (gradient accumulation, a GAN's discriminator on real then fake) needs no guard:
+//! as it reaches its first gradient, the reduction of the first ends (kept) and the new one
+//! reduces reduced + new, the sum's mean; `no_sync()` saves that reduction. Several optimizers may
+//! share a communicator, each with a reduction pending (a discriminator's hooks fire during the
+//! generator's backward): see cohort::distributed_optimizer. The hooks may run on several threads
+//! at once (a graph that spans devices); two trainers on two threads each have their own
+//! communicator.
 //!
 //! The ranks agree on the optimizer at every step: the param groups' learning rates (an edit, a
 //! scheduler's step) and sizes are compared (one 16-byte all-reduce), and ranks that differ
@@ -179,8 +181,7 @@ public:
           // Held: a leaf keeps only a weak reference to its AccumulateGrad node, and a new node
           // would have no hook.
           hooks_.push_back({std::move(node), key, 0});
-          // Before AccumulateGrad adds into the gradient: a new backward must not add into one
-          // cohort's thread is still writing.
+          // Before AccumulateGrad adds into the gradient (see on_arrival).
           hooks_.back().arrival =
               value.register_hook([this, i](const at::Tensor&) { on_arrival(i); });
         }
@@ -346,8 +347,9 @@ private:
   static constexpr bool overlap_possible = overlapping_communicator<Communicator>;
 
   // The gradients an overlapped reduction reads and writes on cohort's thread are held (an
-  // at::Tensor keeps its storage alive) from the start of backward until the step ends, so that
-  // a trainer that replaces or frees one meanwhile frees nothing cohort still uses.
+  // at::Tensor keeps its storage alive) from the start of backward until the reduction is over
+  // (at the end of backward, or where that could not wait, at the step), so that a trainer that
+  // replaces or frees one meanwhile frees nothing cohort still uses.
   struct release_on_exit {
     distributed_optimizer& owner;
     ~release_on_exit() {

@@ -2,9 +2,10 @@
 #pragma once
 
 // What cohort::torch::distributed_optimizer keeps of a step whose gradients are being reduced on
-// cohort's thread: every gradient that reduction reads or writes, held until the step ends, and
-// a probe of each parameter's values from when it began, and each gradient's version (what an
-// in-place change of it moves) from when it was last read for the reduction.
+// cohort's thread: every gradient that reduction reads or writes, held until it is over, a
+// probe of each parameter's values from when it began, and each gradient's version (what an
+// in-place change of it moves) from when it was last read for the reduction; then, once it is
+// over, each gradient's version as the reduction left it.
 
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/config.hpp>
