@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -272,6 +273,7 @@ int train(const options& o, cohort::flat& comm) {
         std::printf("step %d: %lld samples drawn, mean intensity %.3f\n", step,
                     static_cast<long long>(samples.size(0)), samples.mean().item<double>());
         if (!o.checkpoint_dir.empty()) {
+          std::filesystem::create_directories(o.checkpoint_dir);
           torch::save(generator, o.checkpoint_dir + "/generator-checkpoint.pt");
           torch::save(generator_optimizer, o.checkpoint_dir + "/generator-optimizer.pt");
           torch::save(samples, o.checkpoint_dir + "/dcgan-sample-" + std::to_string(step) + ".pt");

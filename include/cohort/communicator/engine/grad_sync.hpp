@@ -151,9 +151,8 @@ public:
   const void* owner() const noexcept { return owner_; }
   std::uint64_t generation() const noexcept { return generation_; }
   //! Whether the last reduction ended with its reduced gradients kept (step_end::keep) and no
-  //! one has taken them since.
-  bool kept() const noexcept { return !pending_ && kept_; }
-  void take_kept() noexcept { kept_ = false; }
+  //! one had taken them since; forgets them. From any thread.
+  bool take_kept() noexcept { return kept_.exchange(false); }
 
   //! Whether every bucket of the pending reduction is reduced (or none is pending).
   bool complete();
@@ -230,7 +229,7 @@ private:
   // Written under `mutex_`; read without it by the pending queries (atomics, for that).
   std::atomic<const void*> owner_{nullptr}; // who began it (an optimizer), for its own hooks only
   std::atomic<bool> pending_{false};
-  bool kept_ = false;
+  std::atomic<bool> kept_{false}; // (taken by hooks on any thread)
   missing_grad missing_ = missing_grad::report;
   readiness readiness_;
   std::vector<std::int64_t> order_message_; // rank 0's order, broadcast while learning

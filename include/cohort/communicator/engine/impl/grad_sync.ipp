@@ -66,7 +66,7 @@ COHORT_DECL void grad_sync::begin(const checks& c, const strategy_ref& s,
   generation_ = generation;
   abandoned_from_.store(none);
   caller_marked_ = false;
-  kept_ = false;
+  kept_.store(false);
   problem_.clear();
   problem_flag_.store(false);
   worker_ = &worker;
@@ -167,7 +167,7 @@ COHORT_DECL void grad_sync::finish(step_end end) {
   if (reduction_.learning() && abandoned_from_.load() == none) {
     learn_order(c);
   }
-  kept_ = end == step_end::keep;
+  kept_.store(end == step_end::keep);
   observer_.overlapped_step_ended(step_bytes_);
 }
 

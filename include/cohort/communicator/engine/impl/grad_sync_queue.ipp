@@ -191,8 +191,7 @@ COHORT_DECL void grad_sync_queue::abandon_all(std::string_view why) noexcept {
 
 COHORT_DECL bool grad_sync_queue::take_kept(const void* owner) noexcept {
   for (const auto& lane : lanes()) {
-    if (lane->owner() == owner && lane->kept()) {
-      lane->take_kept();
+    if (lane->owner() == owner && lane->take_kept()) {
       return true;
     }
   }
