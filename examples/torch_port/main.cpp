@@ -1,22 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // pytorch/examples' cpp/mnist trainer as its users write it (one process, LibTorch's data
-// loaders, a train() that takes a torch::optim::Optimizer&), made data-parallel by the 10 lines
-// marked "// cohort". Every rank evaluates the whole test set, as the original does, so every rank
+// loaders, a train() that takes a torch::optim::Optimizer&), made data-parallel by the statements
+// marked "// cohort" (10 lines in pytorch/examples' own layout, more here where clang-format
+// wraps them). Every rank evaluates the whole test set, as the original does, so every rank
 // prints the same test lines: the replicas are one. README.md's "Porting a LibTorch program"
 // walks through the diff.
 //
 //   mpirun -np 2 ./torch_port     # reads MNIST from ./data, as the original
 
-// clang-format off: pytorch/examples' own layout, so that the port's diff is its 10 lines.
-#include <cohort/adapters/torch.hpp>                                                 // cohort
-#include <torch/torch.h>
+#include <cohort/adapters/torch.hpp> // cohort
 
-#include <boost/mpi/environment.hpp>                                                 // cohort
+#include <boost/mpi/environment.hpp> // cohort
+
 #include <cstddef>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <torch/torch.h>
 #include <vector>
 
 // Where to find the MNIST dataset.
@@ -94,8 +95,8 @@ void test(Net& model, torch::Device device, DataLoader& data_loader, size_t data
   for (const auto& batch : data_loader) {
     auto data = batch.data.to(device), targets = batch.target.to(device);
     auto output = model.forward(data);
-    test_loss +=
-        torch::nll_loss(output, targets, /*weight=*/{}, torch::Reduction::Sum).template item<float>();
+    test_loss += torch::nll_loss(output, targets, /*weight=*/{}, torch::Reduction::Sum)
+                     .template item<float>();
     auto pred = output.argmax(1);
     correct += pred.eq(targets).sum().template item<int64_t>();
   }
@@ -105,9 +106,9 @@ void test(Net& model, torch::Device device, DataLoader& data_loader, size_t data
               static_cast<double>(correct) / dataset_size);
 }
 
-auto main(int argc, char** argv) -> int {                                        // cohort
-  boost::mpi::environment env(argc, argv, boost::mpi::threading::multiple);      // cohort
-  auto comm = cohort::make_communicator<cohort::flat>();                         // cohort
+auto main(int argc, char** argv) -> int {                                   // cohort
+  boost::mpi::environment env(argc, argv, boost::mpi::threading::multiple); // cohort
+  auto comm = cohort::make_communicator<cohort::flat>();                    // cohort
   torch::manual_seed(1);
 
   torch::DeviceType device_type;
@@ -121,16 +122,16 @@ auto main(int argc, char** argv) -> int {                                       
   torch::Device device(device_type);
 
   Net model;
-  cohort::torch::seed_per_rank(comm, 1); // dropout masks of its own on each rank        // cohort
+  cohort::torch::seed_per_rank(comm, 1); // cohort: dropout masks of its own on each rank
   model.to(device);
 
   auto train_dataset = torch::data::datasets::MNIST(kDataRoot)
                            .map(torch::data::transforms::Normalize<>(0.1307, 0.3081))
                            .map(torch::data::transforms::Stack<>());
   const size_t train_dataset_size = train_dataset.size().value();
-  auto train_loader =
-      torch::data::make_data_loader(                                                 // cohort
-          std::move(train_dataset), cohort::torch::distributed_sampler(comm, train_dataset_size), kTrainBatchSize); // cohort
+  auto train_loader = torch::data::make_data_loader( // cohort
+      std::move(train_dataset), cohort::torch::distributed_sampler(comm, train_dataset_size),
+      kTrainBatchSize); // cohort
 
   auto test_dataset =
       torch::data::datasets::MNIST(kDataRoot, torch::data::datasets::MNIST::Mode::kTest)
@@ -140,11 +141,11 @@ auto main(int argc, char** argv) -> int {                                       
   auto test_loader = torch::data::make_data_loader(std::move(test_dataset), kTestBatchSize);
 
   cohort::torch::distributed_optimizer<torch::optim::SGD, cohort::flat> optimizer( // cohort
-      torch::optim::SGD(model.parameters(), torch::optim::SGDOptions(0.01).momentum(0.5)), comm, model); // cohort
+      torch::optim::SGD(model.parameters(), torch::optim::SGDOptions(0.01).momentum(0.5)), comm,
+      model); // cohort
 
   for (size_t epoch = 1; epoch <= kNumberOfEpochs; ++epoch) {
     train(epoch, model, device, *train_loader, optimizer, train_dataset_size);
     test(model, device, *test_loader, test_dataset_size);
   }
 }
-// clang-format on

@@ -16,8 +16,8 @@
 #include <cohort/communicator/engine/impl/checks.ipp>
 #include <cohort/communicator/engine/impl/control_channel.ipp>
 #include <cohort/communicator/engine/impl/grad_sync.ipp>
-#include <cohort/communicator/engine/impl/grad_sync_step.ipp>
 #include <cohort/communicator/engine/impl/grad_sync_queue.ipp>
+#include <cohort/communicator/engine/impl/grad_sync_step.ipp>
 #include <cohort/communicator/engine/impl/gradient_agreement.ipp>
 #include <cohort/communicator/engine/impl/liveness.ipp>
 #include <cohort/communicator/engine/impl/parameter_broadcast.ipp>

@@ -10,8 +10,9 @@
 // (torch/distributed_sampler.hpp), evaluation over such a loader (torch/evaluate.hpp), and
 // seeds per rank (torch/random.hpp). With <cohort/cohort.hpp> (the strategies, the
 // communicator), so that a LibTorch trainer includes this one header. Opt-in: not included by
-// <cohort/cohort.hpp>; link the `cohort::torch` CMake target. Written against the API that LibTorch 1.13 and 2.x share;
-// nothing of c10d or ProcessGroup (internal, and changed between versions).
+// <cohort/cohort.hpp>; link the `cohort::torch` CMake target. Written against the API that
+// LibTorch 1.13 and 2.x share; nothing of c10d or ProcessGroup (internal, and changed between
+// versions).
 
 #include <cohort/adapters/torch/batch_norm.hpp>
 #include <cohort/adapters/torch/distributed_optimizer.hpp>

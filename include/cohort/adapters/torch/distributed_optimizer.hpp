@@ -15,14 +15,13 @@
 // `Node::add_post_hook`, `Tensor::register_hook`, `Engine::queue_callback`), not c10d.
 
 #include <cohort/adapters/torch/detail/in_flight.hpp>
+#include <cohort/adapters/torch/detail/step_settings.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/window.hpp>
-#include <cohort/communicator/agreement.hpp>
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/config.hpp>
-#include <cohort/detail/fingerprint.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
@@ -32,7 +31,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -159,12 +157,11 @@ public:
       , params_(followed(comm, torch::parameters(module)))
       , buffers_(torch::buffers(module))
       , named_(torch::all_parameters(module))
-      , optimized_(optimized_count())
+      , settings_(*this)
       , sync_(detail::stepper<Optimizer>{this}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
       , fired_(params_.size(), 0)
-      , averaging_(sync_.averages())
-      , lr_readable_(lr_readable()) {
+      , averaging_(sync_.averages()) {
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
@@ -224,13 +221,13 @@ public:
     if (!closure) {
       // First: a rank that throws below (what its backward found) must not leave its peers in
       // this all-reduce; they hear of it through the reduction's own agreement.
-      agree_on_settings();
+      settings_.agree(comm(), *this);
       const release_on_exit release{*this};
       before_reduction();
       sync_.step();
       return {};
     }
-    agree_on_settings();
+    settings_.agree(comm(), *this);
     return Optimizer::step([&]() -> at::Tensor {
       const at::Tensor loss = closure();
       const release_on_exit release{*this};
@@ -599,71 +596,6 @@ private:
     }
   }
 
-  std::size_t optimized_count() const {
-    std::size_t n = 0;
-    for (const auto& group : this->param_groups()) {
-      n += group.params().size();
-    }
-    return n;
-  }
-
-  // The optimizer's settings as they reach each step: its learning rates (what an edit of
-  // param_groups() or a scheduler changes) and the groups' sizes.
-  std::uint64_t settings_fingerprint() const {
-    cohort::detail::fingerprint f;
-    f.add(this->param_groups().size());
-    for (const auto& group : this->param_groups()) {
-      f.add(group.params().size());
-      if (lr_readable_ && group.has_options()) {
-        f.add(std::bit_cast<std::uint64_t>(group.options().get_lr()));
-      }
-    }
-    return f.value();
-  }
-
-  // Whether this optimizer's options have a learning rate (LibTorch's do; one of a user's own may
-  // not, and throws): asked once, not at every step.
-  bool lr_readable() const {
-    try {
-      for (const auto& group : this->param_groups()) {
-        if (group.has_options()) {
-          (void)group.options().get_lr();
-        }
-      }
-      return true;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }
-
-  // One 16-byte all-reduce a step (none with the agreement check off); where the ranks differ,
-  // every rank throws, naming the option.
-  void agree_on_settings() {
-    if (!comm().options().check_agreement) {
-      return;
-    }
-    const std::uint64_t mine = settings_fingerprint();
-    cohort::detail::fingerprint f;
-    f.add(mine);
-    if (cohort::detail::same_on_every_rank(comm(), f)) {
-      if (optimized_count() != optimized_) {
-        // (on every rank alike: their groups' sizes agree)
-        throw invalid_argument(
-            "cohort::torch::distributed_optimizer::step on rank " + std::to_string(comm().rank()) +
-            ": its param groups hold " + std::to_string(optimized_count()) + " tensors, and held " +
-            std::to_string(optimized_) +
-            " when it was made: cohort reduces the gradients of the module it was made over "
-            "only (add every param group before wrapping the optimizer)");
-      }
-      return;
-    }
-    agree_on_optimizer(comm(), *this, "distributed_optimizer::step (the optimizer's settings)");
-    throw mismatch_error("cohort::torch::distributed_optimizer::step on rank " +
-                         std::to_string(comm().rank()) +
-                         ": the ranks' param groups differ in number or size (a group added on "
-                         "some ranks only?)");
-  }
-
   // Throws what the end of backward found, or gives unused parameters their zeros.
   void before_reduction() {
     if (std::string failure = take_failure(); !failure.empty()) {
@@ -699,15 +631,14 @@ private:
   std::vector<parameter> params_; // before sync_, which holds it by reference
   std::vector<parameter> buffers_;
   std::vector<parameter> named_; // every parameter, frozen ones too: the optimizer state's names
-  std::size_t optimized_ = 0;    // the tensors in the param groups, at construction
+  detail::step_settings settings_;
   // The step in flight's gradients, held until it ends; before sync_, whose destructor waits for
   // cohort's thread. Under mutex_.
   detail::in_flight in_flight_{params_.size()};
   sync_type sync_;
   std::mutex mutex_;
   std::vector<char> fired_;
-  bool averaging_ = true;   // the reducer's (see cohort::distributed_optimizer::averages)
-  bool lr_readable_ = true; // (see lr_readable)
+  bool averaging_ = true; // the reducer's (see cohort::distributed_optimizer::averages)
   bool in_backward_ = false;
   std::string failure_; // found at the end of backward, thrown at the step
   std::vector<hook> hooks_;
