@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE communicator.allreduce_grad
 #include <cohort/cohort.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -59,16 +60,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sum_and_mean_of_every_dtype, Strategy, reducing_st
   check_every_dtype(comm, cohort::mean{}, true);
 }
 
-// The two-level strategies on simulated nodes of every size (1 rank per node up to all ranks on
+// The two-level strategies on the nodes MPI finds (one here; several on tools/cluster.sh's hosts:
+// the multihost tests) and on simulated nodes of every size (1 rank per node up to all ranks on
 // one), with tiny fusion buffers too, against the closed forms.
 using two_level_strategies = std::tuple<cohort::hierarchical<>, cohort::two_dimensional<>>;
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(two_level_strategies_on_simulated_nodes, Strategy,
                               two_level_strategies) {
   const int n = boost::mpi::communicator().size();
-  for (int per_node = 1; per_node <= n; ++per_node) {
+  for (int per_node = 0; per_node <= n; ++per_node) {
     const cohort::communicator_options options{.simulated_ranks_per_node = per_node};
-    if (std::is_same_v<Strategy, cohort::two_dimensional<>> && n % per_node != 0) {
+    if (std::is_same_v<Strategy, cohort::two_dimensional<>> && per_node > 0 && n % per_node != 0) {
       // Nodes of different sizes: refused on every rank, naming the sizes.
       BOOST_CHECK_EXCEPTION(cohort::make_communicator<Strategy>(options), cohort::invalid_argument,
                             message_has({"two_dimensional", "same number on every node"}));
@@ -503,6 +505,9 @@ BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
   BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>(
                             {.timeout = std::chrono::milliseconds(odd_one ? -1 : 60000)}),
                         cohort::mismatch_error, message_has({"timeout", last_rank}));
+  BOOST_CHECK_EXCEPTION(
+      cohort::make_communicator<cohort::flat>({.stall_warning = std::chrono::milliseconds(-5)}),
+      cohort::invalid_argument, message_has({"stall_warning must be >= 0", "-5 ms"}));
   BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>({.check_agreement = !odd_one}),
                         cohort::mismatch_error,
                         message_has({"check_agreement", "true", "false", last_rank}));
@@ -513,6 +518,38 @@ BOOST_AUTO_TEST_CASE(ranks_that_would_reduce_differently_throw_on_every_rank) {
   comm.allreduce_grad(params, cohort::sum{});
   BOOST_TEST(g == std::vector<float>(4, static_cast<float>(comm.size())),
              boost::test_tools::per_element());
+}
+
+// Issue 33: COHORT_TIMEOUT and COHORT_STALL_WARNING stand in for the options left unset (an
+// operator's setting per job), never for an explicit one; a bad value is refused on every rank.
+BOOST_AUTO_TEST_CASE(timeout_and_stall_warning_from_the_environment) {
+  using std::chrono::milliseconds;
+  BOOST_TEST(*cohort::make_communicator<cohort::flat>().options().timeout ==
+             cohort::communicator_options::default_timeout);
+  BOOST_TEST(*cohort::make_communicator<cohort::flat>().options().stall_warning ==
+             milliseconds(60000));
+  setenv("COHORT_TIMEOUT", "2.5", 1);
+  setenv("COHORT_STALL_WARNING", "0", 1);
+  BOOST_TEST(*cohort::make_communicator<cohort::flat>().options().timeout == milliseconds(2500));
+  BOOST_TEST(*cohort::make_communicator<cohort::flat>().options().stall_warning == milliseconds(0));
+  BOOST_TEST(
+      *cohort::make_communicator<cohort::flat>({.timeout = milliseconds(700)}).options().timeout ==
+      milliseconds(700));
+  for (const char* bad : {"soon", "-1", "1e9", "3s"}) {
+    setenv("COHORT_TIMEOUT", bad, 1);
+    BOOST_CHECK_EXCEPTION(
+        cohort::make_communicator<cohort::flat>(), cohort::invalid_argument,
+        message_has({"COHORT_TIMEOUT must be a number of seconds", "'" + std::string(bad) + "'"}));
+  }
+  // One rank's operator set another value: every rank throws, naming both.
+  const bool odd_one = boost::mpi::communicator().rank() == boost::mpi::communicator().size() - 1;
+  setenv("COHORT_TIMEOUT", odd_one ? "4" : "5", 1);
+  if (boost::mpi::communicator().size() > 1) {
+    BOOST_CHECK_EXCEPTION(cohort::make_communicator<cohort::flat>(), cohort::mismatch_error,
+                          message_has({"timeout (or COHORT_TIMEOUT)", "4000 ms", "5000 ms"}));
+  }
+  unsetenv("COHORT_TIMEOUT");
+  unsetenv("COHORT_STALL_WARNING");
 }
 
 namespace {

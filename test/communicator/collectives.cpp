@@ -530,7 +530,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(small_allreduces_ride_the_agreement, Strategy, str
 BOOST_AUTO_TEST_CASE(trains_of_any_length_arrive_whole) {
   using cohort::engine::liveness;
   const boost::mpi::communicator world;
-  liveness live(world, std::chrono::minutes(1));
+  liveness live(world, std::chrono::minutes(1), std::chrono::minutes(0));
   std::uint64_t sequence = 0;
   const auto carry = [&](std::size_t bytes) {
     std::vector<std::uint8_t> x(bytes, static_cast<std::uint8_t>(world.rank() + 1));
@@ -576,7 +576,7 @@ BOOST_AUTO_TEST_CASE(trains_of_any_length_arrive_whole) {
 // every rank fall back, the ranks two exchanges away included; none returns a partial reduction.
 BOOST_AUTO_TEST_CASE(a_rank_that_carries_nothing_makes_every_rank_fall_back) {
   const boost::mpi::communicator world;
-  cohort::engine::liveness live(world, std::chrono::minutes(1));
+  cohort::engine::liveness live(world, std::chrono::minutes(1), std::chrono::minutes(0));
   std::vector<float> x(10, static_cast<float>(world.rank() + 1));
   const cohort::const_tensor_view data{x.data(), x.size(), dtype::float32,
                                        cohort::memory_location::host};

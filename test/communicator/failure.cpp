@@ -22,7 +22,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <sys/types.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -120,10 +122,17 @@ int run(std::string_view mode, int argc, char** argv) {
   const int world_rank = boost::mpi::communicator().rank();
   const int last = boost::mpi::communicator().size() - 1;
   const bool odd_one = world_rank == last;
-  const cohort::communicator_options options{.check_agreement = mode != "stalled_without_agreement",
-                                             .bucket_bytes = 256,
-                                             .first_bucket_bytes = 64,
-                                             .timeout = std::chrono::seconds(3)};
+  // These modes take the timeout and stall warning from COHORT_TIMEOUT and COHORT_STALL_WARNING.
+  const bool waits_from_environment = mode == "late" || mode == "late_without_agreement" ||
+                                      mode == "late_in_transfer" ||
+                                      mode == "stalled_from_environment";
+  const cohort::communicator_options options{
+      .check_agreement = mode != "stalled_without_agreement" && mode != "late_without_agreement",
+      .bucket_bytes = 256,
+      .first_bucket_bytes = 64,
+      .timeout = waits_from_environment
+                     ? std::nullopt
+                     : std::optional<std::chrono::milliseconds>(std::chrono::seconds(3))};
   constexpr int steps = 8;
   constexpr int at = 3;
 
@@ -205,9 +214,13 @@ int run(std::string_view mode, int argc, char** argv) {
         opt.grad_ready(0);
       }
       if (odd_one && step == at) {
-        if (mode == "stalled" || mode == "stalled_without_agreement") {
+        if (mode == "stalled" || mode == "stalled_without_agreement" ||
+            mode == "stalled_from_environment") {
           say(world_rank, "stopping itself");
           std::raise(SIGSTOP);
+        } else if (mode == "late" || mode == "late_without_agreement") {
+          say(world_rank, "computing for 2.5 s more than the others");
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
         } else if (mode == "throw_and_return") {
           throw std::runtime_error("out of memory in the backward pass (injected)");
         } else if (mode == "uncaught_exception") {
@@ -222,7 +235,20 @@ int run(std::string_view mode, int argc, char** argv) {
           std::raise(SIGSTOP);
         }).detach();
       }
-      if (mode == "stalled_in_transfer") {
+      if (mode == "late_in_transfer" && odd_one && step == at) {
+        // The same, but a child process wakes it 2.5 s later: a transfer that stalls, then
+        // recovers (a link down for a while).
+        if (const pid_t child = fork(); child == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          kill(getppid(), SIGCONT);
+          std::_Exit(0);
+        }
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          std::raise(SIGSTOP);
+        }).detach();
+      }
+      if (mode == "stalled_in_transfer" || mode == "late_in_transfer") {
         std::vector<float> big(std::size_t{16} << 20, 1.0f);
         for (int i = 0; i < 10; ++i) {
           comm.allreduce(big);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace cohort {
@@ -60,13 +61,26 @@ struct communicator_options {
 
   //! How long any MPI operation cohort runs may wait for the other ranks before the job is ended
   //! (one line on stderr naming the operation, its number, the bytes, the time waited and the
-  //! ranks that had not arrived; then the job ends): the agreement, reductions, broadcasts, object
-  //! collectives, barrier, point-to-point calls, and the MPI steps of NCCL's set-up. 10 minutes,
-  //! as PyTorch's NCCL watchdog; 0 waits for ever. Size it above the longest time one rank may
-  //! legitimately run ahead of another (an evaluation on rank 0 alone, a checkpoint), since the
-  //! others wait for it in their next collective. docs/failure.md says what happens when it
-  //! fires.
-  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  //! ranks, with their hosts, that had not arrived; then the job ends): the agreement,
+  //! reductions, broadcasts, object collectives, barrier, point-to-point calls, and the MPI steps
+  //! of NCCL's set-up. 0 waits for ever. Unset, the environment variable `COHORT_TIMEOUT`
+  //! (seconds: `30`, `2.5`) is read instead, so that an operator sets it per job without
+  //! recompiling; neither set, `default_timeout` (10 minutes, as PyTorch's NCCL watchdog). Size it
+  //! above the longest time one rank may legitimately run ahead of another (an evaluation on
+  //! rank 0 alone, a checkpoint), since the others wait for it in their next collective.
+  //! docs/failure.md says what happens when it fires.
+  std::optional<std::chrono::milliseconds> timeout{};
+  static constexpr std::chrono::milliseconds default_timeout = std::chrono::minutes(10);
+
+  //! How long a wait lasts before cohort says so without ending the job, as Horovod's stall
+  //! check does: one line on stderr of each waiting rank naming the operation and the ranks
+  //! (with their hosts) that have not arrived, or, inside a transfer that every rank began, that
+  //! the transfer itself is stalled; repeated after 2, 4, 8... times as long, until the wait ends
+  //! or the timeout ends the job. 0 never warns. Unset, the environment variable
+  //! `COHORT_STALL_WARNING` (seconds) is read instead; neither set, `default_stall_warning`
+  //! (60 s).
+  std::optional<std::chrono::milliseconds> stall_warning{};
+  static constexpr std::chrono::milliseconds default_stall_warning = std::chrono::seconds(60);
 
   //! A directory where each rank writes a trace of its gradient reductions,
   //! `cohort-trace-rank<r>.json` (Chrome trace format: chrome://tracing, ui.perfetto.dev;

@@ -97,10 +97,31 @@ private:
 
   static std::unique_ptr<window_state> make_window(shared_memory& self, std::size_t bytes) {
     detail::require_equal_node_sizes(self, name); // before the window: it throws on every rank
+    require_node_on_one_host(self);
     // (Windows of other sizes would put the gradients at other offsets on each rank.)
     agree_on_settings(self, {{"window_bytes", std::to_string(bytes)}}, "shared_memory");
     return std::make_unique<window_state>(std::make_shared<shared_arena>(
         self.grad_intra_comm(), algorithm::window_allreduce::header_bytes, bytes));
+  }
+
+  // A node simulated larger than a host (simulated_ranks_per_node) cannot share memory: said on
+  // every rank, before MPI refuses the window on some of them.
+  static void require_node_on_one_host(shared_memory& self) {
+    MPI_Comm host = MPI_COMM_NULL;
+    const MPI_Comm node = self.grad_intra_comm();
+    mpi::check(MPI_Comm_split_type(node, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host),
+               "MPI_Comm_split_type (shared_memory: the node's host)", node);
+    int on_host = 0;
+    MPI_Comm_size(host, &on_host);
+    MPI_Comm_free(&host);
+    std::array<std::int32_t, 1> spans = {on_host != self.intra_size() ? 1 : 0};
+    self.allreduce(spans, reduce_op::max);
+    if (spans[0] != 0) {
+      throw invalid_argument("cohort: shared_memory on rank " + std::to_string(self.rank()) +
+                             ": a node of " + std::to_string(self.intra_size()) +
+                             " ranks (simulated_ranks_per_node or COHORT_RANKS_PER_NODE) spans "
+                             "more than one host, whose ranks cannot share memory");
+    }
   }
 
   // A bucket's exchange is an all-reduce over every rank of the communicator: a small step's

@@ -2,11 +2,12 @@
 #pragma once
 
 // The watchdog of every rank: one thread per process that ends the job when a blocking MPI call
-// of cohort's has waited longer than its communicator's timeout. Blocking collectives stay
-// blocking (MPI's non-blocking ones are 1.3-1.8x slower here: bench/allreduce), so a thread other
-// than the one waiting must watch the clock. The waiting thread publishes what it waits for in a
-// `watch_slot` (a clock read and a few relaxed stores per call); the watchdog reads the slots a
-// few times per timeout and makes no MPI call but MPI_Abort.
+// of cohort's has waited longer than its communicator's timeout, and says so, without ending it,
+// once the call has waited longer than the stall warning (then after 2, 4, 8... times as long).
+// Blocking collectives stay blocking (MPI's non-blocking ones are 1.3-1.8x slower here:
+// bench/allreduce), so a thread other than the one waiting must watch the clock. The waiting thread
+// publishes what it waits for in a `watch_slot` (a clock read and a few relaxed stores per call);
+// the watchdog reads the slots a few times per timeout and makes no MPI call but MPI_Abort.
 
 #include <cohort/config.hpp>
 
@@ -94,9 +95,18 @@ struct watch_slot {
   //! Whether every rank had passed the agreement check of this call: then all had arrived, and
   //! the stall is inside the transfer.
   std::atomic<bool> agreed{false};
+  //! Stall warnings printed in this call so far (the watchdog's: reset when a call begins).
+  std::atomic<unsigned> warnings{0};
   watch_clock::duration timeout{};
+  watch_clock::duration stall_warning{};
   int rank = -1;
+
+  bool watched() const noexcept { return timeout.count() > 0 || stall_warning.count() > 0; }
 };
+
+//! This process's host name, for messages ("rank 3 (host2)"): what Open MPI's
+//! MPI_Get_processor_name returns too, but readable from any thread.
+COHORT_DECL const std::string& host_name();
 
 //! The thread that watches every registered slot.
 class watchdog {
@@ -106,7 +116,7 @@ public:
     return dog;
   }
 
-  //! Starts watching `slot` (whose timeout must be positive). The thread starts on first use.
+  //! Starts watching `slot` (watched()). The thread starts on first use.
   void add(watch_slot* slot);
 
   void remove(watch_slot* slot) noexcept;
@@ -130,6 +140,7 @@ private:
   void loop();
 
   static std::string describe(const watch_slot& slot, watch_clock::duration waited);
+  static std::string describe_stall(const watch_slot& slot, watch_clock::duration waited);
 
   std::mutex mutex_;
   std::condition_variable changed_;
@@ -144,8 +155,9 @@ class watch_scope {
 public:
   watch_scope(watch_slot& slot, const char* operation, std::uint64_t sequence, std::size_t bytes,
               bool agreed) noexcept
-      : slot_(slot.timeout.count() > 0 ? &slot : nullptr) {
+      : slot_(slot.watched() ? &slot : nullptr) {
     if (slot_ != nullptr) {
+      slot_->warnings.store(0, std::memory_order_relaxed);
       slot_->operation.store(operation, std::memory_order_relaxed);
       slot_->sequence.store(sequence, std::memory_order_relaxed);
       slot_->bytes.store(bytes, std::memory_order_relaxed);
@@ -169,15 +181,17 @@ private:
 //! address).
 class registered_slot {
 public:
-  registered_slot(std::chrono::milliseconds timeout, int rank) {
+  registered_slot(std::chrono::milliseconds timeout, std::chrono::milliseconds stall_warning,
+                  int rank) {
     slot_.timeout = std::chrono::duration_cast<watch_clock::duration>(timeout);
+    slot_.stall_warning = std::chrono::duration_cast<watch_clock::duration>(stall_warning);
     slot_.rank = rank;
-    if (timeout.count() > 0) {
+    if (slot_.watched()) {
       watchdog::instance().add(&slot_);
     }
   }
   ~registered_slot() {
-    if (slot_.timeout.count() > 0) {
+    if (slot_.watched()) {
       watchdog::instance().remove(&slot_);
     }
   }

@@ -201,7 +201,8 @@ private:
       root.made = ncclGetUniqueId(&root.id);
     }
     // Blocking MPI calls that a rank which never comes would hang: the watchdog ends the job.
-    cohort::detail::registered_slot slot(mpi_limit, cohort::mpi::world_rank());
+    cohort::detail::registered_slot slot(mpi_limit, std::chrono::milliseconds(0),
+                                         cohort::mpi::world_rank());
     const cohort::detail::watch_scope watch(slot.get(), "NCCL set-up (unique id and devices)", 0,
                                             sizeof root, false);
     mpi::check(MPI_Bcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm),

@@ -209,8 +209,14 @@ private:
     });
   }
 
+  // `options` with the timeout and the stall warning that apply (COHORT_TIMEOUT,
+  // COHORT_STALL_WARNING, or the defaults, where unset). A bad variable goes to `problem`,
+  // thrown on every rank by agree_on_options.
+  static communicator_options with_waits(communicator_options options, std::string& problem);
+
+  std::string waits_problem_;
+  communicator_options options_; // timeout and stall_warning always set
   std::unique_ptr<liveness> live_;
-  communicator_options options_;
   std::unique_ptr<trace_recorder> trace_;
 };
 

@@ -40,7 +40,8 @@ public:
   control_channel(const control_channel&) = delete;
   control_channel& operator=(const control_channel&) = delete;
 
-  //! Collective over `comm`: duplicates it and agrees on the incarnation.
+  //! Collective over `comm`: duplicates it, agrees on the incarnation and learns every rank's
+  //! host (for messages).
   void open(const boost::mpi::communicator& comm);
 
   //! Tells every peer that this rank leaves, and why (read by a peer only if it is still waiting
@@ -64,6 +65,9 @@ public:
   //! From the answers so far, for this rank waiting in `operation` (#`sequence`): the ranks
   //! that did not answer ("2, 3"), and where those that answered elsewhere wait.
   std::pair<std::string, std::string> whereabouts(const char* operation, std::uint64_t sequence);
+
+  //! "3", or "3 (host2)" when the ranks are on several hosts.
+  std::string describe_rank(int peer) const;
 
   static bool mpi_running() noexcept {
     int initialized = 0;
@@ -97,6 +101,7 @@ private:
   std::vector<std::string> answers_;
   std::array<char, max_notice> inbox_{};
   std::string question_;
+  std::vector<std::string> hosts_; // empty when every rank is on one host
 };
 
 } // namespace engine

@@ -9,8 +9,10 @@
 // - a rank that destroys its communicator sends every peer a leave notice; a peer waiting for it
 //   at a rendezvous ends the job (after a grace period, in case the notice overtook the last
 //   messages of a collective the leaver did finish), naming the rank and why it left;
-// - past the timeout, the waiting rank asks every peer where it is; the ranks that answer are
-//   waiting too, the others had not arrived; it prints one line naming them and ends the job.
+// - past the stall warning, the waiting rank asks every peer where it is; the ranks that answer
+//   are waiting too, the others had not arrived; it prints one line naming them (and their
+//   hosts) and goes on waiting, to ask again after twice as long;
+// - past the timeout, it asks the same way, prints one line naming them and ends the job.
 // The control channel itself (notices, questions, answers) is engine/control_channel.hpp.
 // Blocking calls after the rendezvous (the data transfer itself) are watched by the process's
 // watchdog thread (watchdog.hpp).
@@ -57,7 +59,8 @@ public:
   //! Collective over `comm`: duplicates it for the control channel and the two rendezvous
   //! channels, and agrees on a random incarnation number, so that a notice sent to an earlier
   //! communicator that MPI happens to give the same context id is never taken for this one's.
-  liveness(const boost::mpi::communicator& comm, std::chrono::milliseconds timeout);
+  liveness(const boost::mpi::communicator& comm, std::chrono::milliseconds timeout,
+           std::chrono::milliseconds stall_warning);
 
   liveness(const liveness&) = delete;
   liveness& operator=(const liveness&) = delete;
@@ -136,14 +139,16 @@ public:
   static constexpr std::size_t max_pieces =
       (prefix_bytes + max_carried_bytes + eager_bytes - 1) / eager_bytes;
 
-  //! Waits for `requests` (of a rendezvous), reading the control channel meanwhile: ends the job
-  //! when a peer has left or the timeout has passed. The first iterations only test, so that a
-  //! rendezvous that completes at once costs what the messages cost.
+  //! Waits for `requests` (of a rendezvous), reading the control channel meanwhile: reports a
+  //! stall past the stall warning, ends the job when a peer has left or the timeout has passed.
+  //! The first iterations only test, so that a rendezvous that completes at once costs what the
+  //! messages cost.
   template <std::size_t N>
   void wait(waiter who, MPI_Request (&requests)[N], const char* operation, std::uint64_t sequence,
             MPI_Status* statuses = MPI_STATUSES_IGNORE) {
     const MPI_Comm comm = channel(who);
     const auto start = detail::watch_clock::now();
+    stall_report stall(*this, who);
     for (unsigned spins = 0;; ++spins) {
       int done = 0;
       mpi::check(MPI_Testall(static_cast<int>(N), requests, &done, statuses),
@@ -158,6 +163,7 @@ public:
         const auto now = detail::watch_clock::now();
         control_.read(operation, sequence);
         check_departures(now, operation, sequence);
+        stall.poll(now - start, operation, sequence);
         if (timeout_.count() > 0 && now - start > timeout_) {
           time_out(who, requests, now - start, operation, sequence, statuses);
         }
@@ -206,6 +212,64 @@ private:
     return timeout_.count() > 0 ? std::min(grace, timeout_) : grace;
   }
 
+  // One wait's stall warnings: past the stall warning, asks every peer where it is, and once
+  // they had time to answer, prints who has not arrived; then again after twice as long.
+  class stall_report {
+  public:
+    stall_report(liveness& live, waiter who) noexcept
+        : live_(live)
+        , who_(who)
+        , due_(live.stall_warning_) {}
+    ~stall_report() { forget_questions(); }
+    stall_report(const stall_report&) = delete;
+    stall_report& operator=(const stall_report&) = delete;
+
+    void poll(detail::watch_clock::duration waited, const char* operation, std::uint64_t sequence) {
+      if (due_.count() <= 0 || waited <= due_) {
+        return;
+      }
+      if (!asked_) {
+        asked_ = true;
+        asked_after_ = waited;
+        questions_ = live_.control_.ask_everyone();
+      } else if (waited - asked_after_ >= live_.answer_time(live_.stall_warning_)) {
+        live_.report_stall(who_, waited, operation, sequence);
+        forget_questions();
+        due_ *= 2;
+      }
+    }
+
+  private:
+    void forget_questions() noexcept {
+      for (MPI_Request& r : questions_) {
+        MPI_Request_free(&r);
+      }
+      questions_.clear();
+      asked_ = false;
+    }
+
+    liveness& live_;
+    waiter who_;
+    detail::watch_clock::duration due_;
+    bool asked_ = false;
+    detail::watch_clock::duration asked_after_{};
+    std::vector<MPI_Request> questions_;
+  };
+
+  // How long the peers are given to answer "where are you?" (a waiting peer answers within
+  // microseconds; one busy computing does not, and that is the point).
+  static detail::watch_clock::duration answer_time(detail::watch_clock::duration limit) {
+    return std::min<detail::watch_clock::duration>(std::chrono::seconds(1), limit);
+  }
+
+  // The stall line, from the answers to the last question.
+  void report_stall(waiter who, detail::watch_clock::duration waited, const char* operation,
+                    std::uint64_t sequence);
+  // "rank 0 (host1): allreduce_grad (#12, 4096 bytes; waiting at the agreement check of the
+  // caller's call) has waited 2.0 s", shared by the stall line and the timeout.
+  std::string describe_wait(waiter who, detail::watch_clock::duration waited, const char* operation,
+                            std::uint64_t sequence) const;
+
   // Past the timeout: asks every peer where it is, listens for a while (a rank that waits polls
   // and answers at once), then names the ranks that had not arrived and ends the job. Should the
   // rendezvous complete meanwhile, it returns normally.
@@ -213,8 +277,7 @@ private:
   void time_out(waiter who, MPI_Request (&requests)[N], detail::watch_clock::duration waited,
                 const char* operation, std::uint64_t sequence, MPI_Status* statuses) {
     std::vector<MPI_Request> asked = control_.ask_everyone();
-    const auto listen_until = detail::watch_clock::now() + std::min<detail::watch_clock::duration>(
-                                                               std::chrono::seconds(1), timeout_);
+    const auto listen_until = detail::watch_clock::now() + answer_time(timeout_);
     while (detail::watch_clock::now() < listen_until) {
       int done = 0;
       MPI_Testall(static_cast<int>(N), requests, &done, statuses);
@@ -228,13 +291,8 @@ private:
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     const auto [missing, elsewhere] = control_.whereabouts(operation, sequence);
-    detail::end_job("cohort: timeout on rank " + std::to_string(rank_) + ": " + operation + " (#" +
-                    std::to_string(sequence) + ", " +
-                    std::to_string(bytes_[who == waiter::caller ? 0 : 1]) +
-                    " bytes; waiting at the agreement check of the " +
-                    (who == waiter::caller ? "caller's" : "reduction thread's") +
-                    " call) has waited " + detail::describe_seconds(waited) + " (timeout " +
-                    detail::describe_seconds(timeout_) + ") for the other ranks; " +
+    detail::end_job("cohort: timeout on " + describe_wait(who, waited, operation, sequence) +
+                    " (timeout " + detail::describe_seconds(timeout_) + ") for the other ranks; " +
                     (missing.empty() ? std::string("every rank answered")
                                      : "ranks that had not arrived (no answer): " + missing) +
                     elsewhere + "; ending the job");
@@ -243,6 +301,7 @@ private:
   int rank_;
   int size_;
   detail::watch_clock::duration timeout_;
+  detail::watch_clock::duration stall_warning_;
   detail::registered_slot caller_slot_;
   detail::registered_slot reducer_slot_;
   boost::mpi::communicator caller_;

@@ -287,7 +287,7 @@ protected:
                   " after finalize()");
     }
     if (!nccl_) {
-      nccl_.emplace(this->mpi_comm(), gpu_.timeout, this->options().timeout);
+      nccl_.emplace(this->mpi_comm(), gpu_.timeout, *this->options().timeout);
     }
     return *nccl_;
   }

@@ -153,7 +153,7 @@ protected:
   //! reduction on the device current then.
   nccl::communicator& bucket_comm() {
     if (!intra_) {
-      intra_.emplace(this->intra_comm(), this->gpu().timeout, this->options().timeout);
+      intra_.emplace(this->intra_comm(), this->gpu().timeout, *this->options().timeout);
     }
     return *intra_;
   }

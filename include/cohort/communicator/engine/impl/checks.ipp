@@ -8,8 +8,12 @@
 
 #include <boost/core/demangle.hpp>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -17,8 +21,35 @@ namespace engine {
 
 COHORT_DECL checks::checks(const boost::mpi::communicator& comm,
                            const communicator_options& options)
-    : live_((require_mpi(), std::make_unique<liveness>(comm, options.timeout)))
-    , options_(options) {}
+    : options_(with_waits(options, waits_problem_))
+    , live_((require_mpi(),
+             std::make_unique<liveness>(comm, *options_.timeout, *options_.stall_warning))) {}
+
+COHORT_DECL communicator_options checks::with_waits(communicator_options options,
+                                                    std::string& problem) {
+  const auto from_environment = [&](std::optional<std::chrono::milliseconds>& value,
+                                    const char* variable, std::chrono::milliseconds fallback) {
+    const char* text = std::getenv(variable);
+    if (value || text == nullptr || *text == '\0') {
+      value = value.value_or(fallback);
+      return;
+    }
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    // (at most a year: beyond, milliseconds overflow nothing but it is surely a typo)
+    if (*end != '\0' || !(seconds >= 0.0) || seconds > 3.2e7) {
+      problem = std::string("cohort: communicator creation: ") + variable +
+                " must be a number of seconds >= 0 (0 disables it), not '" + text + "'";
+      value = fallback;
+      return;
+    }
+    value = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+  };
+  from_environment(options.timeout, "COHORT_TIMEOUT", communicator_options::default_timeout);
+  from_environment(options.stall_warning, "COHORT_STALL_WARNING",
+                   communicator_options::default_stall_warning);
+  return options;
+}
 
 COHORT_DECL checks::~checks() = default;
 
@@ -108,10 +139,17 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
                                           std::string_view strategy_type) {
   int ranks_per_node = 0;
   const std::string problem = local_checks([&] {
-    if (options_.timeout.count() < 0) {
-      throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank()) +
-                             ": communicator_options::timeout must be >= 0 (0 disables it), not " +
-                             std::to_string(options_.timeout.count()) + " ms");
+    if (!waits_problem_.empty()) {
+      throw invalid_argument(waits_problem_ + " (rank " + std::to_string(rank()) + ")");
+    }
+    for (const auto& [name, value] : {std::pair{"timeout", *options_.timeout},
+                                      std::pair{"stall_warning", *options_.stall_warning}}) {
+      if (value.count() < 0) {
+        throw invalid_argument("cohort: communicator creation on rank " + std::to_string(rank()) +
+                               ": communicator_options::" + name +
+                               " must be >= 0 (0 disables it), not " +
+                               std::to_string(value.count()) + " ms");
+      }
     }
     ranks_per_node = detail::ranks_per_node_override(options_.simulated_ranks_per_node);
     if (options_.segment_bytes != 0 &&
@@ -148,7 +186,9 @@ COHORT_DECL void checks::agree_on_options(std::string_view strategy,
       {"fusion_threshold_bytes", std::to_string(options_.fusion_threshold_bytes)},
       // (ranks that cut a message into other segments would call MPI with other counts)
       {"segment_bytes", std::to_string(options_.segment_bytes)},
-      {"timeout", std::to_string(options_.timeout.count()) + " ms"},
+      {"timeout (or COHORT_TIMEOUT)", std::to_string(options_.timeout->count()) + " ms"},
+      {"stall_warning (or COHORT_STALL_WARNING)",
+       std::to_string(options_.stall_warning->count()) + " ms"},
       {"ranks per node (simulated_ranks_per_node or COHORT_RANKS_PER_NODE)",
        ranks_per_node == 0 ? std::string("as MPI says") : std::to_string(ranks_per_node)}};
   detail::fingerprint f;

@@ -6,6 +6,8 @@
 
 #include <cohort/communicator/engine/control_channel.hpp>
 
+#include <algorithm>
+
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
@@ -48,8 +50,27 @@ COHORT_DECL void control_channel::open(const boost::mpi::communicator& comm) {
         std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
   }
   mpi::check(MPI_Bcast(&incarnation_, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast (incarnation)", comm_);
+  std::vector<char> names(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME, '\0');
+  const std::string& mine = detail::host_name();
+  mine.copy(names.data() + static_cast<std::size_t>(rank_) * MPI_MAX_PROCESSOR_NAME,
+            std::min<std::size_t>(mine.size(), MPI_MAX_PROCESSOR_NAME - 1));
+  mpi::check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, names.data(), MPI_MAX_PROCESSOR_NAME,
+                           MPI_CHAR, comm_),
+             "MPI_Allgather (hosts)", comm_);
+  for (int peer = 0; peer < size_; ++peer) {
+    hosts_.emplace_back(names.data() + static_cast<std::size_t>(peer) * MPI_MAX_PROCESSOR_NAME);
+  }
+  if (std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == mine; })) {
+    hosts_.clear();
+  }
   question_ = encode("where are you?");
   open_ = true;
+}
+
+COHORT_DECL std::string control_channel::describe_rank(int peer) const {
+  return hosts_.empty()
+             ? std::to_string(peer)
+             : std::to_string(peer) + " (" + hosts_[static_cast<std::size_t>(peer)] + ")";
 }
 
 COHORT_DECL void control_channel::read(const char* operation, std::uint64_t sequence) {
@@ -112,7 +133,7 @@ COHORT_DECL std::string control_channel::departure(detail::watch_clock::time_poi
   if (departures_ == 0 || now - first_departure_ < grace) {
     return {};
   }
-  std::string message = "rank " + std::to_string(first_leaver_) + " left the job (" +
+  std::string message = "rank " + describe_rank(first_leaver_) + " left the job (" +
                         std::string(departure_.data()) + ")";
   if (departures_ > 1) {
     message += " and " + std::to_string(departures_ - 1) + " more rank(s) left after it";
@@ -148,9 +169,9 @@ control_channel::whereabouts(const char* operation, std::uint64_t sequence) {
     }
     const std::string& answer = answers_[static_cast<std::size_t>(peer)];
     if (answer.empty()) {
-      missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+      missing += (missing.empty() ? "" : ", ") + describe_rank(peer);
     } else if (answer != expected) {
-      elsewhere += "; rank " + std::to_string(peer) + " waits in " + answer;
+      elsewhere += "; rank " + describe_rank(peer) + " waits in " + answer;
     }
   }
   return {missing, elsewhere};

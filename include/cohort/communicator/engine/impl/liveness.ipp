@@ -12,16 +12,21 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
 COHORT_DECL liveness::liveness(const boost::mpi::communicator& comm,
-                               std::chrono::milliseconds timeout)
+                               std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds stall_warning)
     : rank_(comm.rank())
     , size_(comm.size())
-    // A negative timeout is refused once the ranks compare the options (checks::
-    // agree_on_options), on every rank: throwing here, alone, would leave the others waiting in
-    // the duplications below. Until then it watches nothing.
+    // A negative timeout or stall warning is refused once the ranks compare the options
+    // (checks::agree_on_options), on every rank: throwing here, alone, would leave the others
+    // waiting in the duplications below. Until then it watches nothing.
     , timeout_(std::chrono::duration_cast<detail::watch_clock::duration>(
           std::max(timeout, std::chrono::milliseconds(0))))
-    , caller_slot_(std::max(timeout, std::chrono::milliseconds(0)), rank_)
-    , reducer_slot_(std::max(timeout, std::chrono::milliseconds(0)), rank_) {
+    , stall_warning_(std::chrono::duration_cast<detail::watch_clock::duration>(
+          std::max(stall_warning, std::chrono::milliseconds(0))))
+    , caller_slot_(std::max(timeout, std::chrono::milliseconds(0)),
+                   std::max(stall_warning, std::chrono::milliseconds(0)), rank_)
+    , reducer_slot_(std::max(timeout, std::chrono::milliseconds(0)),
+                    std::max(stall_warning, std::chrono::milliseconds(0)), rank_) {
   detail::install_terminate_handler();
   // Until the channels exist, the creation's own blocking calls are watched.
   const detail::watch_scope watch(caller_slot_.get(), "communicator creation", 0, 0, false);
@@ -267,15 +272,41 @@ COHORT_DECL const std::byte* liveness::rendezvous(waiter who, std::uint64_t* val
   return messages.result(values, n);
 }
 
+COHORT_DECL std::string liveness::describe_wait(waiter who, detail::watch_clock::duration waited,
+                                                const char* operation,
+                                                std::uint64_t sequence) const {
+  return "rank " + std::to_string(rank_) + " (" + detail::host_name() + "): " + operation + " (#" +
+         std::to_string(sequence) + ", " + std::to_string(bytes_[who == waiter::caller ? 0 : 1]) +
+         " bytes; waiting at the agreement check of the " +
+         (who == waiter::caller ? "caller's" : "reduction thread's") + " call) has waited " +
+         detail::describe_seconds(waited);
+}
+
+COHORT_DECL void liveness::report_stall(waiter who, detail::watch_clock::duration waited,
+                                        const char* operation, std::uint64_t sequence) {
+  const auto [missing, elsewhere] = control_.whereabouts(operation, sequence);
+  const std::string line =
+      "cohort: stall on " + describe_wait(who, waited, operation, sequence) + " for the other " +
+      "ranks; " +
+      (missing.empty() ? std::string("every rank answered")
+                       : "ranks that have not arrived (no answer): " + missing) +
+      elsewhere + "; still waiting" +
+      (timeout_.count() > 0
+           ? " (the timeout, " + detail::describe_seconds(timeout_) + ", ends the job)"
+           : std::string(" (no timeout)"));
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+}
+
 COHORT_DECL void liveness::check_departures(detail::watch_clock::time_point now,
                                             const char* operation, std::uint64_t sequence) {
   const std::string departure = control_.departure(now, leave_grace());
   if (departure.empty()) {
     return;
   }
-  detail::end_job("cohort: rank " + std::to_string(rank_) + ": " + departure +
-                  "; this rank waited for it in " + operation + " (#" + std::to_string(sequence) +
-                  "), which it can never join; ending the job");
+  detail::end_job("cohort: rank " + std::to_string(rank_) + " (" + detail::host_name() +
+                  "): " + departure + "; this rank waited for it in " + operation + " (#" +
+                  std::to_string(sequence) + "), which it can never join; ending the job");
 }
 
 } // namespace engine
