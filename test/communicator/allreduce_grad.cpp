@@ -535,6 +535,10 @@ BOOST_AUTO_TEST_CASE(timeout_and_stall_warning_from_the_environment) {
   BOOST_TEST(
       *cohort::make_communicator<cohort::flat>({.timeout = milliseconds(700)}).options().timeout ==
       milliseconds(700));
+  // A split keeps what its parent resolved.
+  auto parent = cohort::make_communicator<cohort::flat>();
+  setenv("COHORT_TIMEOUT", "9", 1);
+  BOOST_TEST(*parent.split(0, 0).options().timeout == milliseconds(2500));
   for (const char* bad : {"soon", "-1", "1e9", "3s"}) {
     setenv("COHORT_TIMEOUT", bad, 1);
     BOOST_CHECK_EXCEPTION(

@@ -83,6 +83,7 @@ private:
   static constexpr std::size_t max_notice = 512;
 
   static std::string where(const char* operation, std::uint64_t sequence);
+  static void keep_until_finalize(boost::mpi::communicator comm);
 
   // A notice: the incarnation (8 bytes), then the text, cut to a bounded size.
   std::string encode(std::string_view text) const;

@@ -39,6 +39,26 @@ COHORT_DECL control_channel::~control_channel() {
   } catch (...) {
     // Out of memory while saying goodbye: the peers will find out through the timeout.
   }
+  keep_until_finalize(std::move(comm_));
+}
+
+// A notice, question or answer sent on the channel may still be in flight to a peer that has
+// freed its own end (a peer that left first, or simply finished first: every rank says goodbye
+// to every other). Open MPI holds a message for a freed context id until a new communicator
+// takes that id, and then delivers it there, out of that communicator's sequence: across hosts a
+// split of another size crashed in mca_pml_ob1_add_comm, and on one host a duplicate hung in its
+// activation. Kept until MPI_Finalize, the id is never reused, and such a message waits unread in
+// a communicator nobody uses (cost: one communicator per cohort communicator made; Open MPI's
+// ob1 has 65536 context ids).
+COHORT_DECL void control_channel::keep_until_finalize(boost::mpi::communicator comm) {
+  static std::mutex mutex;
+  static std::vector<boost::mpi::communicator> kept;
+  try {
+    const std::lock_guard lock(mutex);
+    kept.push_back(std::move(comm));
+  } catch (...) {
+    // Out of memory: freed after all (comm's destructor), as before.
+  }
 }
 
 COHORT_DECL void control_channel::open(const boost::mpi::communicator& comm) {

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# cohort across hosts: jobs run on tools/cluster.sh's simulated hosts (network namespaces joined
+# by a bridge, links shaped to 1 Gbit/s), each bounded in time. Skipped (77) where the cluster
+# cannot be made (not root, no network namespaces).
+#
+#   multihost.sh suites BUILD                the test suites of the collectives, allreduce_grad of
+#                                            every host strategy, topology, overlap and
+#                                            shared_memory at 2 hosts x 2 ranks
+#   multihost.sh example PROGRAM [ARGS...]   PROGRAM at 2 x 1 and 2 x 2 (each strategy it is
+#                                            given with --strategy in STRATEGIES, space-separated)
+#                                            reaches the test accuracy of the same ranks on one
+#                                            host (within 0.02)
+#   multihost.sh checkpoint PROGRAM [ARGS...] an epoch saved across hosts resumed on one host,
+#                                            and the reverse: both end with the weights of the
+#                                            whole run, bit for bit (COMPARE=accuracy: with its
+#                                            test accuracy, within 0.02, for a LibTorch program,
+#                                            whose arithmetic depends on its threads per rank,
+#                                            set from the ranks per host)
+#   multihost.sh fault kill|cut|slow PROGRAM [ARGS...]
+#                                            host2 killed, its link cut, or its link slowed to a
+#                                            crawl mid-training (COHORT_TIMEOUT=6,
+#                                            COHORT_STALL_WARNING=2): the job ends within the
+#                                            bound, saying which ranks (on which host) are gone
+#                                            or late; the last complete checkpoint then resumes
+#                                            on one host and ends with the whole run's weights
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cluster=$here/../../tools/cluster.sh
+mode=${1:?usage: multihost.sh suites|example|checkpoint|fault ...}
+shift
+fail() { echo "multihost.sh: FAILED: $*" >&2; exit 1; }
+skip() { echo "multihost.sh: skipped: $*"; exit 77; }
+# A job (a command or one of the functions below) that must end within $1 seconds (124: it did
+# not).
+bounded() { local limit=$1; shift; timeout --kill-after=5 "$limit" bash -c '"$@"' bounded "$@"; }
+
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, a bridge, tc)"
+export COHORT_CLUSTER_NAME=cohort-test
+ip netns add "$COHORT_CLUSTER_NAME-probe" 2>/dev/null || skip "no network namespaces here"
+ip netns del "$COHORT_CLUSTER_NAME-probe"
+"$cluster" down >/dev/null 2>&1 || true # what a killed test left behind
+trap '"$cluster" down' EXIT
+"$cluster" up 2 --rate 1gbit
+
+# mpirun on one host (this machine's root namespace) and across the cluster's hosts.
+one_host() { local n=$1; shift; mpirun --oversubscribe --allow-run-as-root -n "$n" "$@"; }
+across() { local k=$1; shift; "$cluster" run "$k" -x COHORT_TIMEOUT -x COHORT_STALL_WARNING "$@"; }
+export -f one_host across
+export cluster
+accuracy_of() { sed -n 's/^test accuracy: \([0-9][0-9.]*\)$/\1/p' "$1"; }
+weights_of() { grep "final weights" "$1" || fail "$1 printed no weights: $(tail -5 "$1")"; }
+work=$(mktemp -d /tmp/cohort-multihost.XXXXXX)
+trap 'rm -rf "$work"; "$cluster" down' EXIT
+
+case "$mode" in
+  suites)
+    build=${1:?suites BUILD}
+    for suite in communicator_collectives communicator_allreduce_grad communicator_overlap \
+      communicator_shared_memory communicator_any_communicator algorithm_ring; do
+      echo "== $suite at 2 hosts x 2 ranks"
+      bounded 300 across 2 -x COHORT_TEST_WATCHDOG=240 "$build/test/test_$suite" >"$work/$suite.txt" 2>&1 ||
+        fail "$suite: $(grep -E 'error|fatal|cohort:' "$work/$suite.txt" | head -20)"
+      grep -c "No errors detected" "$work/$suite.txt" | grep -qx 4 || fail "$suite: not every rank passed"
+    done
+    # Two real nodes, found by MPI (no simulated split).
+    bounded 120 across 2 -x COHORT_EXPECT_RANKS_PER_NODE=2 "$build/test/test_communicator_topology" \
+      >"$work/topology.txt" 2>&1 || fail "topology: $(grep error "$work/topology.txt" | head)"
+    echo "every suite passed across 2 hosts; the topology found 2 nodes of 2 ranks"
+    ;;
+
+  example)
+    program=${1:?example PROGRAM}
+    shift
+    for strategy in ${STRATEGIES:-default}; do
+      args=("$@")
+      [ "$strategy" = default ] || args+=(--strategy "$strategy")
+      for k in 1 2; do
+        n=$((2 * k))
+        bounded 300 one_host "$n" "$program" "${args[@]}" >"$work/one.txt" 2>&1 ||
+          fail "$strategy on one host at $n ranks: $(tail -5 "$work/one.txt")"
+        bounded 300 across "$k" "$program" "${args[@]}" >"$work/across.txt" 2>&1 ||
+          fail "$strategy across 2 x $k: $(tail -5 "$work/across.txt")"
+        a=$(accuracy_of "$work/one.txt")
+        b=$(accuracy_of "$work/across.txt")
+        [ -n "$a" ] && [ -n "$b" ] || fail "no 'test accuracy:' line"
+        same=different
+        [ "$(weights_of "$work/one.txt")" = "$(weights_of "$work/across.txt")" ] && same="bit-identical"
+        echo "$(basename "$program") $strategy: test accuracy $a on one host ($n ranks), $b on 2 hosts x $k ($same weights)"
+        awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 + 1e-9 && b >= 0.8) }' ||
+          fail "$strategy at 2 x $k: accuracy $b against $a on one host"
+      done
+    done
+    ;;
+
+  checkpoint)
+    program=${1:?checkpoint PROGRAM}
+    shift
+    # 3 epochs of 50 steps; the first epoch saved at its end, then the rest resumed elsewhere.
+    bounded 300 one_host 4 "$program" "$@" >"$work/whole.txt" 2>&1 || fail "the whole run failed"
+    whole=$(weights_of "$work/whole.txt")
+    for way in "across one_host" "one_host across"; do
+      read -r first then <<<"$way"
+      ckpt=$work/ckpt-$first
+      k_first=4 k_then=4
+      [ "$first" = across ] && k_first=2
+      [ "$then" = across ] && k_then=2
+      bounded 300 "$first" "$k_first" "$program" "$@" --epochs 1 --checkpoint "$ckpt" \
+        --checkpoint-every 50 >"$work/first.txt" 2>&1 || fail "the first epoch ($first) failed"
+      bounded 300 "$then" "$k_then" "$program" "$@" --checkpoint "$ckpt" --checkpoint-every 50 \
+        >"$work/then.txt" 2>&1 || fail "the resumed run ($then) failed: $(tail -5 "$work/then.txt")"
+      grep -q "resumed from step 50" "$work/then.txt" || fail "$then did not resume at step 50"
+      saved="saved ${first/one_host/on one host}, resumed ${then/one_host/on one host}"
+      if [ "${COMPARE:-weights}" = weights ]; then
+        [ "$(weights_of "$work/then.txt")" = "$whole" ] ||
+          fail "$saved: '$(weights_of "$work/then.txt")' against the whole run's '$whole'"
+        echo "$saved: the whole run's weights, bit for bit"
+      else
+        a=$(accuracy_of "$work/whole.txt")
+        b=$(accuracy_of "$work/then.txt")
+        awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 + 1e-9) }' ||
+          fail "$saved: test accuracy $b against the whole run's $a"
+        echo "$saved: test accuracy $b, the whole run's $a"
+      fi
+    done
+    ;;
+
+  fault)
+    fault=${1:?fault kill|cut|slow PROGRAM}
+    program=${2:?fault kill|cut|slow PROGRAM}
+    shift 2
+    export COHORT_TIMEOUT=6 COHORT_STALL_WARNING=2
+    limit=40 # the job must end within this many seconds of the fault
+    bounded 300 one_host 4 "$program" "$@" >"$work/whole.txt" 2>&1 || fail "the whole run failed"
+    whole=$(weights_of "$work/whole.txt")
+    ckpt=$work/ckpt
+    # In a process group of its own, to be killed whole should it outlive the bound.
+    setsid bash -c 'across 2 "$@"' job "$program" "$@" --checkpoint "$ckpt" --checkpoint-every 10 \
+      >"$work/job.txt" 2>&1 &
+    job=$!
+    # The fault once a checkpoint of step 20 or later is complete.
+    for _ in $(seq 1 2400); do
+      newest=$(ls -d "$ckpt"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
+        sort -n | tail -n 1 || true)
+      [ -n "$newest" ] && [ "$newest" -ge 20 ] && break
+      kill -0 "$job" 2>/dev/null || fail "the job ended before the fault: $(tail -5 "$work/job.txt")"
+      sleep 0.05
+    done
+    case "$fault" in
+      kill) "$cluster" kill host2 ;;
+      cut) "$cluster" cut host2 ;;
+      slow) "$cluster" rate host2 "${SLOW_RATE:-200kbit}" ;;
+      *) fail "fault is kill, cut or slow, not $fault" ;;
+    esac
+    at=$SECONDS
+    ended=
+    while [ $((SECONDS - at)) -lt "$limit" ]; do
+      if ! kill -0 "$job" 2>/dev/null; then ended=yes; break; fi
+      sleep 0.1
+    done
+    took=$((SECONDS - at))
+    status=0
+    if [ -z "$ended" ]; then
+      kill -9 -- "-$job" 2>/dev/null || true
+      cat "$work/job.txt"
+      fail "the job still ran $limit s after the fault ($fault)"
+    fi
+    wait "$job" || status=$?
+    cat "$work/job.txt"
+    [ "$status" -ne 0 ] || fail "the job succeeded despite the fault"
+    case "$fault" in
+      kill) expect="host2|lost communication|died|killed" ;;
+      cut | slow) expect="cohort: (stall|timeout) on rank [0-9]+ \\(host[12]\\)" ;;
+    esac
+    grep -Eq "$expect" "$work/job.txt" || fail "no message saying '$expect'"
+    echo "host2 ${fault}: the job ended $took s after the fault (status $status)"
+    grep -E "cohort: (stall|timeout)|lost|host2" "$work/job.txt" | head -6 | sed 's/^/  /'
+    # Nothing corrupted: the newest complete checkpoint resumes on one host and ends as the whole
+    # run did.
+    "$cluster" down >/dev/null
+    unset COHORT_TIMEOUT COHORT_STALL_WARNING
+    bounded 300 one_host 4 "$program" "$@" --checkpoint "$ckpt" --checkpoint-every 10 \
+      >"$work/resumed.txt" 2>&1 || fail "the resumed run failed: $(tail -5 "$work/resumed.txt")"
+    grep "resumed from step" "$work/resumed.txt" || fail "did not resume"
+    [ "$(weights_of "$work/resumed.txt")" = "$whole" ] ||
+      fail "resumed after the fault: '$(weights_of "$work/resumed.txt")' against '$whole'"
+    echo "the last complete checkpoint resumed on one host: the whole run's weights, bit for bit"
+    ;;
+
+  *) fail "unknown mode '$mode'" ;;
+esac
