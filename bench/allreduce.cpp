@@ -69,6 +69,7 @@ struct settings {
   int large_iters = 0;
   int warmup = 1;
   bool unchecked_rows = true;
+  std::vector<std::string> only; // the rows to run (empty: all)
   std::size_t ring_window = 2;
   bool help = false;
 };
@@ -85,6 +86,7 @@ constexpr const char* usage =
     "  --large-bytes B   where --large-iters starts (default 64M)\n"
     "  --warmup N        untimed repetitions per size before timing (default 1)\n"
     "  --checked-only    leave out the rows with the agreement check off\n"
+    "  --only ROWS       only these rows (comma-separated: raw,flat,hierarchical)\n"
     "  --ring-window N   chunks in flight each way in the row ring/window (default 2)\n"
     "  --quick           4K to 1M, 3 repetitions: a smoke run\n"
     "  --help            this text\n";
@@ -168,6 +170,14 @@ settings parse(int argc, char** argv) {
       s.ring_window = static_cast<std::size_t>(parse_count(flag, value(), 0));
     } else if (flag == "--checked-only") {
       s.unchecked_rows = false;
+    } else if (flag == "--only") {
+      // (comma-separated row names: a run with another MPI setting needs only its raw row)
+      const std::string_view list = value();
+      for (std::size_t start = 0; start <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', start), list.size());
+        s.only.emplace_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
     } else if (flag == "--quick") {
       s.min_bytes = 4 * kib;
       s.max_bytes = 1 * mib;
@@ -425,6 +435,11 @@ int run(int argc, char** argv) {
                          fill_grads, check_grads});
     }
 
+    if (!s.only.empty()) {
+      std::erase_if(methods, [&](const method& m) {
+        return std::find(s.only.begin(), s.only.end(), m.name) == s.only.end();
+      });
+    }
 #if defined(COHORT_BENCH_GPU)
     if (gpu) {
       for (auto& m :

@@ -5,7 +5,9 @@ bench/torch_mlp.cpp, under torch.nn.parallel.DistributedDataParallel with the gl
     python3 torch_mlp_ddp.py --ranks 2 [--steps 20 --reps 5 --warmup 10 --batch 128]
 
 Starts its ranks itself (torch.multiprocessing, one intra-op thread each) and prints one line:
-"ddp RANKS MS_PER_STEP", the median repetition's time per step on rank 0.
+"ddp RANKS MS_PER_STEP", the median repetition's time per step on rank 0. With --from-mpi it is
+one rank of a job that mpirun started (rank and size from Open MPI's environment, the rendezvous
+at MASTER_ADDR): across hosts (bench/multihost.sh).
 """
 import argparse
 import os
@@ -26,7 +28,7 @@ def mlp():
 
 def worker(rank, args, port, results):
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(1)
@@ -64,7 +66,18 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--port", type=int, default=29571)
+    parser.add_argument("--from-mpi", action="store_true")
     args = parser.parse_args()
+    if args.from_mpi:
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        args.ranks = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+
+        class Printer:
+            def put(self, ms):
+                print(f"ddp {args.ranks} {ms:.3f}", flush=True)
+
+        worker(rank, args, args.port, Printer())
+        return
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, args, args.port, results))

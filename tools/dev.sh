@@ -35,12 +35,13 @@ test_jobs=$((2 * jobs))
 # libeigen3-dev and libtorch-dev (LibTorch 1.13, CPU) so that the adapters are always tested,
 # libxxhash-dev for checkpoints, clang-14 and its libFuzzer runtime to fuzz their loader,
 # numpy and matplotlib for bench/'s figures and cost model (and their test), doxygen for the
-# documentation's API reference (python3-venv holds the documentation's Python packages).
+# documentation's API reference (python3-venv holds the documentation's Python packages),
+# iproute2 for tools/cluster.sh's simulated hosts (the multihost tests).
 # ccache, so that a second build of the same sources (another clone on the same machine, CI after
 # a session) compiles only what changed.
 packages=(g++ cmake make pkg-config python3-venv openmpi-bin libopenmpi-dev libboost-mpi-dev libboost-test-dev
           libboost-serialization-dev libeigen3-dev libtorch-dev libxxhash-dev clang-14
-          libclang-rt-14-dev python3-numpy python3-matplotlib ccache doxygen)
+          libclang-rt-14-dev python3-numpy python3-matplotlib ccache doxygen iproute2)
 
 deps() {
   stage_begin packages
@@ -212,10 +213,11 @@ case "${1:-}" in
       cmake --build "$dir" -j "$jobs" --target test_programs
       stage_end
       # Every suite of test/ that runs cohort's code (the header, package and compile-fail tests
-      # compile it, the GPU tests need nvcc, and the examples are not built here).
+      # compile it, the GPU tests need nvcc, and the examples are not built here), the suites
+      # across simulated hosts too (multihost.suites).
       stage_begin "$kind: test"
       (cd "$dir" && ctest --output-on-failure -j "$test_jobs" --timeout 600 \
-        -R '^(tensor|kernels|reducer|transport|algorithm|communicator|training|adapters|checkpoint|support)\.')
+        -R '^(tensor|kernels|reducer|transport|algorithm|communicator|training|adapters|checkpoint|support|multihost)\.')
       stage_end
     done
     ;;

@@ -45,7 +45,16 @@ trap '"$cluster" down' EXIT
 
 # mpirun on one host (this machine's root namespace) and across the cluster's hosts.
 one_host() { local n=$1; shift; mpirun --oversubscribe --allow-run-as-root -n "$n" "$@"; }
-across() { local k=$1; shift; "$cluster" run "$k" -x COHORT_TIMEOUT -x COHORT_STALL_WARNING "$@"; }
+across() {
+  local k=$1 forward=()
+  shift
+  # (the ranks start in a clean environment, as through ssh: the sanitizers' settings too)
+  for v in COHORT_TIMEOUT COHORT_STALL_WARNING TSAN_OPTIONS ASAN_OPTIONS LSAN_OPTIONS \
+    UBSAN_OPTIONS OMPI_MCA_mca_base_component_disable_dlclose; do
+    [ -n "${!v:-}" ] && forward+=(-x "$v")
+  done
+  "$cluster" run "$k" "${forward[@]}" "$@"
+}
 export -f one_host across
 export cluster
 accuracy_of() { sed -n 's/^test accuracy: \([0-9][0-9.]*\)$/\1/p' "$1"; }
