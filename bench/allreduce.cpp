@@ -321,6 +321,7 @@ int run(int argc, char** argv) {
   // The price of the timeout (docs/failure.md): the same as flat with nothing watched.
   cohort::communicator_options untimed = checked;
   untimed.timeout = std::chrono::milliseconds(0);
+  untimed.stall_warning = std::chrono::milliseconds(0); // nothing watched at all
   cohort::flat flat_untimed(world, untimed);
   // The price of the trace (COHORT_TRACE): the same as flat, each rank writing its spans.
   cohort::communicator_options traced = checked;

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks the network term of docs/algorithms.md's cost model against bench/multihost.sh's runs.
 
-  bench/multihost_model.py [--results bench/results] [--link-mbs 119.5] [--from-bytes 1M]
+  bench/multihost_model.py [--results bench/results] [--link-mbs 119.5] [--from-bytes 1048576]
+                           [--plot docs/performance/multihost.png]
 
 Across hosts whose links are the bottleneck, an all-reduce of S bytes takes L·S/B: B is the
 link's goodput (TCP at a 1 Gbit/s tbf limit: 119.5 MB/s, measured on this machine's namespaces),
@@ -60,16 +61,54 @@ def read(path):
     return hosts, per_host, rows
 
 
+PLOTTED = ["raw", "raw/recursive_doubling", "raw/ring", "raw/rabenseifner", "ring", "flat",
+           "hierarchical", "two_dimensional"]
+
+
+def plot(files, link, path):
+    """Bus bandwidth against size, one panel per shape, the link-bound limit drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(files), figsize=(6 * len(files), 4.6), sharey=True)
+    for ax, f in zip(axes, files):
+        hosts, per_host, rows = read(f)
+        n = hosts * per_host
+        bus = 2 * (n - 1) / n  # busbw = algbw · 2(n-1)/n, as nccl-tests
+        for method in PLOTTED:
+            points = sorted((size, size / t * bus / 1e6) for size, m, t in rows if m == method)
+            if points:
+                style = "--" if method.startswith("raw") else "-"
+                ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o",
+                        markersize=3, linewidth=1.2, label=method)
+        limit = link / (2 * (hosts - 1) / hosts) * bus / 1e6
+        ax.axhline(limit, color="grey", linewidth=1.5, label="the links' limit")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes reduced")
+        ax.set_title(f"{hosts} hosts x {per_host} rank(s), 1 Gbit/s links")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("bus bandwidth (MB/s)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--link-mbs", type=float, default=119.5)
     parser.add_argument("--from-bytes", type=int, default=MiB)
+    parser.add_argument("--plot", help="also draw bus bandwidth against size into this file")
     args = parser.parse_args()
     link = args.link_mbs * 1e6
     files = sorted(Path(args.results).glob("multihost-allreduce-*x*.txt"))
     if not files:
         sys.exit("no bench/results/multihost-allreduce-HxK.txt: run bench/multihost.sh first")
+    if args.plot:
+        plot(files, link, args.plot)
     errors = {}
     print(f"# link goodput {args.link_mbs} MB/s; rows from {args.from_bytes} bytes")
     print(f"{'shape':>5} {'bytes':>10} {'method':>24} {'L':>5} {'measured ms':>12} "

@@ -21,6 +21,8 @@
 #                          reference from the headers' //! comments through Doxygen) in strict
 #                          mode into build/site, with MkDocs from PyPI in .venv (what CI runs
 #                          first); serve: serve it on http://127.0.0.1:8000 as you edit
+#   tools/dev.sh cluster up N [--rate R] | run K PROGRAM | down | ...
+#                          simulated hosts on this machine (tools/cluster.sh, docs/multihost.md)
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
 
@@ -153,6 +155,12 @@ case "${1:-}" in
     "$venv/bin/mkdocs" build --strict --clean "$@"
     stage_end
     echo "the site: $root/build/site/index.html"
+    ;;
+  cluster)
+    # tools/cluster.sh's simulated hosts (docs/multihost.md), iproute2 installed first.
+    shift
+    install_missing iproute2
+    exec "$root/tools/cluster.sh" "$@"
     ;;
   example)
     deps

@@ -539,6 +539,11 @@ BOOST_AUTO_TEST_CASE(timeout_and_stall_warning_from_the_environment) {
   auto parent = cohort::make_communicator<cohort::flat>();
   setenv("COHORT_TIMEOUT", "9", 1);
   BOOST_TEST(*parent.split(0, 0).options().timeout == milliseconds(2500));
+  // A positive value never rounds to 0 ("never"). (The stall warning's: a 1 ms timeout could end
+  // the job while the communicator is made.)
+  setenv("COHORT_STALL_WARNING", "0.0001", 1);
+  BOOST_TEST(*cohort::make_communicator<cohort::flat>().options().stall_warning == milliseconds(1));
+  setenv("COHORT_STALL_WARNING", "0", 1);
   for (const char* bad : {"soon", "-1", "1e9", "3s"}) {
     setenv("COHORT_TIMEOUT", bad, 1);
     BOOST_CHECK_EXCEPTION(

@@ -73,11 +73,13 @@ COHORT_DECL void watchdog::loop() {
         end_job(describe(*slot, waited));
       }
       // The n-th warning after 2^n stall warnings: a long stall says so a few times, not each
-      // period. (A call that began meanwhile reset the count; its first warning is then due.)
-      const unsigned warned = slot->warnings.load(std::memory_order_relaxed);
+      // period. Counted with an exchange, and only while the same call waits: a call that began
+      // meanwhile reset the count, and its own first warning is then due.
+      unsigned warned = slot->warnings.load(std::memory_order_relaxed);
       if (slot->stall_warning.count() > 0 && warned < 32 &&
-          waited > slot->stall_warning * (std::uint64_t{1} << warned)) {
-        slot->warnings.store(warned + 1, std::memory_order_relaxed);
+          waited > slot->stall_warning * (std::uint64_t{1} << warned) &&
+          slot->warnings.compare_exchange_strong(warned, warned + 1, std::memory_order_relaxed) &&
+          slot->since.load(std::memory_order_relaxed) == since) {
         const std::string line = describe_stall(*slot, waited);
         std::fprintf(stderr, "%s\n", line.c_str());
         std::fflush(stderr);

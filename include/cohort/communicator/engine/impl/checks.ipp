@@ -8,11 +8,14 @@
 
 #include <boost/core/demangle.hpp>
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 namespace cohort {
@@ -34,16 +37,22 @@ COHORT_DECL communicator_options checks::with_waits(communicator_options options
       value = value.value_or(fallback);
       return;
     }
-    char* end = nullptr;
-    const double seconds = std::strtod(text, &end);
-    // (at most a year: beyond, milliseconds overflow nothing but it is surely a typo)
-    if (*end != '\0' || !(seconds >= 0.0) || seconds > 3.2e7) {
+    // (from_chars: the same reading whatever locale the program set)
+    double seconds = -1.0;
+    const std::string_view digits(text);
+    const auto [end, error] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), seconds);
+    // (at most a year: beyond, it is surely a typo)
+    if (error != std::errc{} || end != digits.data() + digits.size() || !(seconds >= 0.0) ||
+        seconds > 3.2e7) {
       problem = std::string("cohort: communicator creation: ") + variable +
                 " must be a number of seconds >= 0 (0 disables it), not '" + text + "'";
       value = fallback;
       return;
     }
-    value = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+    // A positive value never rounds to 0, which would mean "for ever".
+    const auto ms = static_cast<std::int64_t>(std::ceil(seconds * 1000.0));
+    value = std::chrono::milliseconds(ms);
   };
   from_environment(options.timeout, "COHORT_TIMEOUT", communicator_options::default_timeout);
   from_environment(options.stall_warning, "COHORT_STALL_WARNING",
