@@ -23,6 +23,12 @@
 #                          first); serve: serve it on http://127.0.0.1:8000 as you edit
 #   tools/dev.sh cluster up N [--rate R] | run K PROGRAM | down | ...
 #                          simulated hosts on this machine (tools/cluster.sh, docs/multihost.md)
+#   tools/dev.sh gpu-pack [TORCH_VERSION]
+#                          build the device kit into gpu-kit/ (tools/gpu/pack.sh: the GPU tests,
+#                          examples/gpu_mlp, the GPU benchmarks and CUDA LibTorch's test against
+#                          PyPI's torch TORCH_VERSION, default 2.11.0, the device machine's, with
+#                          the runtime a bare GPU machine lacks); tools/gpu/run.sh runs it there
+#                          (docs/gpu.md)
 #   tools/dev.sh deps      only install the packages
 set -euo pipefail
 
@@ -161,6 +167,14 @@ case "${1:-}" in
     shift
     install_missing iproute2
     exec "$root/tools/cluster.sh" "$@"
+    ;;
+  gpu-pack)
+    deps
+    configure_and_build
+    torch_version=${2:-2.11.0}
+    torch_work=${TMPDIR:-/tmp}/cohort-torch-$torch_version
+    "$root/tools/torch-wheel.sh" "$torch_work" "==$torch_version" --build-only test_gpu_torch
+    exec "$root/tools/gpu/pack.sh" --no-build --build "$build" --torch-build "$torch_work/build"
     ;;
   example)
     deps

@@ -10,11 +10,19 @@
 # from their own wheels. Not part of CI (the wheels are 0.9 GB); see docs/libtorch.md for the last
 # result.
 #
-#   tools/torch-wheel.sh [WORK_DIR] [VERSION_SPEC]     (defaults: /tmp/cohort-torch-wheel, ">=2.1,<3")
+#   tools/torch-wheel.sh [WORK_DIR] [VERSION_SPEC] [--build-only TARGET...]
+#     (defaults: /tmp/cohort-torch-wheel, ">=2.1,<3"; --build-only builds those targets and runs
+#     nothing: the device kit's CUDA LibTorch test, tools/gpu/pack.sh --torch-build WORK_DIR/build)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=${1:-/tmp/cohort-torch-wheel}
 spec=${2:->=2.1,<3}
+shift $(($# < 2 ? $# : 2))
+build_only=()
+if [ "${1:-}" = --build-only ]; then
+  shift
+  build_only=("$@")
+fi
 mkdir -p "$work"
 
 if [ ! -d "$work/wheel/torch" ]; then
@@ -54,6 +62,10 @@ cmake -S "$root" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_TEST
   `# sm_50, which CUDA 13 dropped: cohort's architectures instead.` \
   -DTORCH_CUDA_ARCH_LIST="7.5;8.0;9.0" \
   "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed -Wl,--allow-shlib-undefined -Wl,-rpath-link,$cuda_libs"
+if [ ${#build_only[@]} -gt 0 ]; then
+  cmake --build "$work/build" -j "$(nproc)" --target "${build_only[@]}"
+  exit 0
+fi
 cmake --build "$work/build" -j "$(nproc)" --target test_adapters_torch torch_mnist \
   test_headers_torch_cuda test_gpu_torch
 export LD_LIBRARY_PATH=$torch/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -102,6 +102,7 @@ BOOST_AUTO_TEST_CASE(nccl_strategies) {
   }
 }
 
+BOOST_TEST_DECORATOR(*boost::unit_test::label("mpi_on_device"))
 BOOST_AUTO_TEST_CASE(mpi_strategies_on_device_memory) {
   step_once_with<cohort::host_staged>();
   if (cohort::mpi_is_cuda_aware()) {

@@ -107,7 +107,6 @@ BOOST_AUTO_TEST_CASE(device_buckets_follow_the_bucket_options) {
   const cohort::communicator_options small{.bucket_bytes = 64, .first_bucket_bytes = 16};
   check_allreduce_grad<cohort::pure_nccl>(cohort::mean{}, 1e-6, small);
   check_allreduce_grad<cohort::pure_nccl>(cohort::compressed<cohort::float16>{}, 4e-3, small);
-  check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6, small);
   check_allreduce_grad<cohort::hierarchical<cohort::nccl_links>>(cohort::mean{}, 1e-6, small);
   check_allreduce_grad<cohort::pure_nccl>(cohort::sum{}, 0.0, {.bucket_bytes = 0});
 }
@@ -140,13 +139,22 @@ BOOST_AUTO_TEST_CASE(sixteen_bit_and_integer_gradients_match_the_oracle) {
   check_gradients_of<cohort::bfloat16, cohort::pure_nccl>(cohort::mean{}, 1e-2);
   check_gradients_of<std::int32_t, cohort::pure_nccl>(cohort::mean{}, 0.0);
   check_gradients_of<std::int32_t, cohort::pure_nccl>(cohort::sum{}, 0.0);
-  check_gradients_of<double, cohort::host_staged>(cohort::mean{}, 1e-12);
 }
 
-BOOST_AUTO_TEST_CASE(single_node_and_host_staged_match_the_oracle) {
+BOOST_AUTO_TEST_CASE(single_node_matches_the_oracle) {
   check_allreduce_grad<cohort::single_node>(cohort::mean{}, 1e-6);
+}
+
+// The cases labelled mpi_on_device use no NCCL: the device kit runs them with ranks sharing one
+// GPU (COHORT_TEST_SHARED_DEVICE, gpu_mpi_main.hpp).
+BOOST_TEST_DECORATOR(*boost::unit_test::label("mpi_on_device"))
+BOOST_AUTO_TEST_CASE(host_staged_matches_the_oracle) {
   check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6);
   check_allreduce_grad<cohort::host_staged>(cohort::compressed<cohort::bfloat16>{}, 3e-2);
+  check_allreduce_grad<cohort::host_staged>(cohort::mean{}, 1e-6,
+                                            {.bucket_bytes = 64, .first_bucket_bytes = 16});
+  check_gradients_of<double, cohort::host_staged>(cohort::mean{}, 1e-12);
+  check_gradients_of<float, cohort::host_staged>(cohort::sum{}, 1e-6);
 }
 
 // NCCL inside the node, MPI between nodes (COHORT_RANKS_PER_NODE simulates several nodes; the
@@ -194,6 +202,7 @@ BOOST_AUTO_TEST_CASE(any_gpu_communicator_by_name) {
   }
 }
 
+BOOST_TEST_DECORATOR(*boost::unit_test::label("mpi_on_device"))
 BOOST_AUTO_TEST_CASE(cuda_aware_flat_matches_the_oracle_or_refuses_a_plain_mpi) {
   if (!cohort::mpi_is_cuda_aware()) {
     BOOST_CHECK_THROW(cohort::cuda_aware_flat{boost::mpi::communicator()},

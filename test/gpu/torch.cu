@@ -127,6 +127,7 @@ BOOST_AUTO_TEST_CASE(nccl_strategies_match_one_process) {
   serial_equivalence_with<cohort::hierarchical<cohort::nccl_links, cohort::mpi_links>>();
 }
 
+BOOST_TEST_DECORATOR(*boost::unit_test::label("mpi_on_device"))
 BOOST_AUTO_TEST_CASE(mpi_strategies_on_device_memory_match_one_process) {
   serial_equivalence_with<cohort::host_staged>();
   if (cohort::mpi_is_cuda_aware()) {
