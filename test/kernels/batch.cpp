@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -28,6 +29,37 @@ std::vector<batch_entry> table(const std::vector<View>& views) {
     begin += v.count;
   }
   return entries;
+}
+
+// What the device kernels do, on the host: the buffer cut into tiles, each tile copied by `lanes`
+// workers (a block's threads), every lane in turn. Tiles of 5 elements by 3 lanes cross tensor
+// boundaries mid-tile; 64 by 2 take the unrolled loop; one tile by one lane is the plain copy.
+struct tiling {
+  std::uint64_t tile;
+  std::uint64_t lanes;
+};
+constexpr tiling tilings[] = {{5, 3}, {64, 2}, {1u << 30, 1}};
+
+template <class Wire>
+void pack_by_tiles(const std::vector<batch_entry>& entries, std::uint64_t total, Wire* buffer,
+                   batch_factor factor, tiling t) {
+  for (std::uint64_t first = 0; first < total; first += t.tile) {
+    for (std::uint64_t lane = 0; lane < t.lanes; ++lane) {
+      cohort::kernels::pack_range(entries.data(), entries.size(), first,
+                                  std::min(first + t.tile, total), buffer, factor, lane, t.lanes);
+    }
+  }
+}
+
+template <class Wire>
+void unpack_by_tiles(const std::vector<batch_entry>& entries, std::uint64_t total,
+                     const Wire* buffer, batch_factor factor, tiling t) {
+  for (std::uint64_t first = 0; first < total; first += t.tile) {
+    for (std::uint64_t lane = 0; lane < t.lanes; ++lane) {
+      cohort::kernels::unpack_range(entries.data(), entries.size(), first,
+                                    std::min(first + t.tile, total), buffer, factor, lane, t.lanes);
+    }
+  }
 }
 } // namespace
 
@@ -84,24 +116,20 @@ BOOST_AUTO_TEST_CASE(batched_pack_matches_the_host_pack_for_mixed_sizes_and_dtyp
   const auto entries = table(sources);
   const std::size_t total = cohort::kernels::host::packed_count(sources);
 
-  for (const double factor : {1.0, 0.25}) {
-    // Every wire dtype the reducers use: the kernel is instantiated for each.
-    std::vector<float> by_kernel(total), by_host(total);
-    for (std::uint64_t i = 0; i < total; ++i) {
-      cohort::kernels::pack_element(entries.data(), entries.size(), i, by_kernel.data(),
-                                    {static_cast<float>(factor), factor});
-    }
-    cohort::kernels::host::pack(sources, cohort::make_view(by_host), factor);
-    BOOST_TEST(by_kernel == by_host, boost::test_tools::per_element());
+  for (const tiling t : tilings) {
+    for (const double factor : {1.0, 0.25}) {
+      // Every wire dtype the reducers use: the kernel is instantiated for each.
+      std::vector<float> by_kernel(total, -1.0f), by_host(total);
+      pack_by_tiles(entries, total, by_kernel.data(), {static_cast<float>(factor), factor}, t);
+      cohort::kernels::host::pack(sources, cohort::make_view(by_host), factor);
+      BOOST_TEST(by_kernel == by_host, boost::test_tools::per_element());
 
-    std::vector<float16> half_kernel(total), half_host(total);
-    for (std::uint64_t i = 0; i < total; ++i) {
-      cohort::kernels::pack_element(entries.data(), entries.size(), i, half_kernel.data(),
-                                    {static_cast<float>(factor), factor});
-    }
-    cohort::kernels::host::pack(sources, cohort::make_view(half_host), factor);
-    for (std::size_t i = 0; i < total; ++i) {
-      BOOST_TEST_REQUIRE(half_kernel[i].bits() == half_host[i].bits(), "element " << i);
+      std::vector<float16> half_kernel(total), half_host(total);
+      pack_by_tiles(entries, total, half_kernel.data(), {static_cast<float>(factor), factor}, t);
+      cohort::kernels::host::pack(sources, cohort::make_view(half_host), factor);
+      for (std::size_t i = 0; i < total; ++i) {
+        BOOST_TEST_REQUIRE(half_kernel[i].bits() == half_host[i].bits(), "element " << i);
+      }
     }
   }
 }
@@ -113,20 +141,57 @@ BOOST_AUTO_TEST_CASE(batched_unpack_round_trips) {
   const std::vector<cohort::tensor_view> targets{cohort::make_view(f64), cohort::make_view(i64),
                                                  cohort::make_view(b16)};
   const auto entries = table(targets);
-  std::vector<double> buffer(7);
-  for (std::uint64_t i = 0; i < buffer.size(); ++i) {
-    cohort::kernels::pack_element(entries.data(), entries.size(), i, buffer.data(), {});
+  for (const tiling t : tilings) {
+    f64 = {0.1, 0.2, 0.3, 0.4}; // (the last round trip left them rounded)
+    std::vector<double> buffer(7, -1.0);
+    pack_by_tiles(entries, buffer.size(), buffer.data(), {}, t);
+    BOOST_TEST(buffer == (std::vector<double>{0.1, 0.2, 0.3, 0.4, -3, 9, 2}),
+               boost::test_tools::per_element());
+    for (auto& x : buffer) {
+      x *= 3;
+    }
+    unpack_by_tiles(entries, buffer.size(), buffer.data(), {1.0f / 3, 1.0 / 3}, t);
+    BOOST_TEST(f64[2] == 0.3, boost::test_tools::tolerance(1e-15));
+    BOOST_TEST(i64 == (std::vector<std::int64_t>{-3, 9}), boost::test_tools::per_element());
+    BOOST_TEST(static_cast<float>(b16[0]) == 2.0f);
   }
-  BOOST_TEST(buffer == (std::vector<double>{0.1, 0.2, 0.3, 0.4, -3, 9, 2}),
-             boost::test_tools::per_element());
-  for (auto& x : buffer) {
-    x *= 3;
+}
+
+BOOST_AUTO_TEST_CASE(tiles_and_lanes_write_every_element_once_across_many_tensors) {
+  // 40 tensors of 0 to 39 elements (empty ones among them), packed by every tiling: each buffer
+  // element is its own index, so a missed or doubled element shows.
+  std::vector<std::vector<std::int32_t>> tensors(40);
+  std::vector<cohort::tensor_view> views;
+  std::int32_t next = 0;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    tensors[k].resize((k * 7) % 40);
+    for (auto& x : tensors[k]) {
+      x = next++;
+    }
+    views.push_back(cohort::make_view(tensors[k]));
   }
-  for (std::uint64_t i = 0; i < buffer.size(); ++i) {
-    cohort::kernels::unpack_element(entries.data(), entries.size(), i, buffer.data(),
-                                    {1.0f / 3, 1.0 / 3});
+  const auto entries = table(views);
+  for (const tiling t :
+       {tiling{1, 1}, tiling{3, 4}, tiling{7, 2}, tiling{100, 8}, tiling{1000, 3}}) {
+    std::vector<std::int32_t> buffer(static_cast<std::size_t>(next), -1);
+    pack_by_tiles(entries, buffer.size(), buffer.data(), {}, t);
+    for (std::int32_t i = 0; i < next; ++i) {
+      BOOST_TEST_REQUIRE(buffer[static_cast<std::size_t>(i)] == i, "element " << i);
+    }
+    for (auto& x : buffer) {
+      x = -x;
+    }
+    unpack_by_tiles(entries, buffer.size(), buffer.data(), {}, t);
+    std::int32_t expected = 0;
+    for (const auto& tensor : tensors) {
+      for (const std::int32_t x : tensor) {
+        BOOST_TEST_REQUIRE(x == -expected, "element " << expected);
+        ++expected;
+      }
+    }
+    for (auto& x : buffer) {
+      x = -x;
+    }
+    unpack_by_tiles(entries, buffer.size(), buffer.data(), {}, t);
   }
-  BOOST_TEST(f64[2] == 0.3, boost::test_tools::tolerance(1e-15));
-  BOOST_TEST(i64 == (std::vector<std::int64_t>{-3, 9}), boost::test_tools::per_element());
-  BOOST_TEST(static_cast<float>(b16[0]) == 2.0f);
 }

@@ -4,9 +4,10 @@
 // The per-element logic of the batched pack and unpack (ChainerMN's batched_copy): many tensors
 // of different sizes and dtypes copied into one fusion buffer, and back, by one kernel launch.
 // Element i of the buffer belongs to the tensor whose range [begin, begin + count) holds i; a
-// binary search over the begins finds it. Offsets are 64-bit, so a batch may hold more than 2^31
-// elements (ChainerMN's were int32). Everything here is __host__ __device__: host tests run the
-// very code the kernels in pack.cuh run.
+// binary search over the begins finds it, once per range of elements (a kernel's tile), and each
+// tensor's part of the range is copied by a loop of its own dtype. Offsets are 64-bit, so a batch
+// may hold more than 2^31 elements (ChainerMN's were int32). Everything here is __host__
+// __device__: host tests run the very code the kernels in pack.cuh run.
 
 #include <cohort/config.hpp>
 #include <cohort/kernels/functors.hpp>
@@ -113,19 +114,75 @@ COHORT_HOST_DEVICE void unpack_value(const batch_entry& entry, std::uint64_t ind
   });
 }
 
-//! One buffer element of a batched pack: `buffer[index] = packed_value(...)`.
+//! Buffer elements [first, last) of a batched pack, by one of `lanes` workers (lane `lane` takes
+//! elements first + lane, first + lane + lanes, ...): a device block copies a tile so, a thread a
+//! lane. The tensor holding `first` is found once, and each tensor's part of the range is copied
+//! by a loop of its own dtype: consecutive lanes touch consecutive elements (coalesced), four
+//! loads in flight per lane before their stores. What pack.cuh's kernel runs, and host tests too.
 template <class Wire>
-COHORT_HOST_DEVICE void pack_element(const batch_entry* entries, std::size_t count,
-                                     std::uint64_t index, Wire* buffer, batch_factor factor) {
-  buffer[index] = packed_value<Wire>(entries[locate(entries, count, index)], index, factor);
+COHORT_HOST_DEVICE void pack_range(const batch_entry* entries, std::size_t count,
+                                   std::uint64_t first, std::uint64_t last, Wire* buffer,
+                                   batch_factor factor, std::uint64_t lane, std::uint64_t lanes) {
+  for (std::size_t e = locate(entries, count, first); first < last; ++e) {
+    const std::uint64_t end =
+        e + 1 < count && entries[e + 1].begin < last ? entries[e + 1].begin : last;
+    const batch_entry entry = entries[e];
+    dispatch(entry.type, [&](auto tag) {
+      using T = decltype(tag);
+      using op = scale_cast<T, Wire>;
+      const op f{factor.get<typename op::compute>()};
+      const T* source = static_cast<const T*>(entry.data);
+      std::uint64_t i = first + lane;
+      for (; i + 3 * lanes < end; i += 4 * lanes) {
+        const T a = source[i - entry.begin];
+        const T b = source[i + lanes - entry.begin];
+        const T c = source[i + 2 * lanes - entry.begin];
+        const T d = source[i + 3 * lanes - entry.begin];
+        buffer[i] = f(a);
+        buffer[i + lanes] = f(b);
+        buffer[i + 2 * lanes] = f(c);
+        buffer[i + 3 * lanes] = f(d);
+      }
+      for (; i < end; i += lanes) {
+        buffer[i] = f(source[i - entry.begin]);
+      }
+    });
+    first = end;
+  }
 }
 
-//! One buffer element of a batched unpack.
+//! Buffer elements [first, last) of a batched unpack, by lane `lane` of `lanes`: the inverse of
+//! `pack_range`, cast to each tensor's dtype and multiplied by the factor.
 template <class Wire>
-COHORT_HOST_DEVICE void unpack_element(const batch_entry* entries, std::size_t count,
-                                       std::uint64_t index, const Wire* buffer,
-                                       batch_factor factor) {
-  unpack_value<Wire>(entries[locate(entries, count, index)], index, buffer[index], factor);
+COHORT_HOST_DEVICE void unpack_range(const batch_entry* entries, std::size_t count,
+                                     std::uint64_t first, std::uint64_t last, const Wire* buffer,
+                                     batch_factor factor, std::uint64_t lane, std::uint64_t lanes) {
+  for (std::size_t e = locate(entries, count, first); first < last; ++e) {
+    const std::uint64_t end =
+        e + 1 < count && entries[e + 1].begin < last ? entries[e + 1].begin : last;
+    const batch_entry entry = entries[e];
+    dispatch(entry.type, [&](auto tag) {
+      using T = decltype(tag);
+      using op = scale_cast<Wire, T>;
+      const op f{factor.get<typename op::compute>()};
+      T* target = static_cast<T*>(entry.data);
+      std::uint64_t i = first + lane;
+      for (; i + 3 * lanes < end; i += 4 * lanes) {
+        const Wire a = buffer[i];
+        const Wire b = buffer[i + lanes];
+        const Wire c = buffer[i + 2 * lanes];
+        const Wire d = buffer[i + 3 * lanes];
+        target[i - entry.begin] = f(a);
+        target[i + lanes - entry.begin] = f(b);
+        target[i + 2 * lanes - entry.begin] = f(c);
+        target[i + 3 * lanes - entry.begin] = f(d);
+      }
+      for (; i < end; i += lanes) {
+        target[i - entry.begin] = f(buffer[i]);
+      }
+    });
+    first = end;
+  }
 }
 
 } // namespace kernels

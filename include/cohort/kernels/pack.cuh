@@ -29,19 +29,33 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace kernels::device {
 
+// Each block copies tiles of `tile_elements` buffer elements, one thread a lane (batch.hpp's
+// pack_range): the tensor a tile starts in is found once per tile, not once per element, and
+// each tensor's part is a plain loop of its dtype. Grid-stride over the tiles.
+inline constexpr std::uint64_t tile_elements = 8192;
+
+inline unsigned tile_grid(std::uint64_t total) {
+  return grid_size(((total + tile_elements - 1) / tile_elements) * block_size);
+}
+
 template <class Wire>
 COHORT_KERNEL void pack_kernel(const batch_entry* entries, std::size_t count, std::uint64_t total,
                                Wire* buffer, batch_factor factor) {
-  for (std::uint64_t i = first_index(); i < total; i += grid_stride()) {
-    pack_element(entries, count, i, buffer, factor);
+  for (std::uint64_t tile = blockIdx.x; tile * tile_elements < total; tile += gridDim.x) {
+    const std::uint64_t first = tile * tile_elements;
+    pack_range(entries, count, first, first + tile_elements < total ? first + tile_elements : total,
+               buffer, factor, threadIdx.x, blockDim.x);
   }
 }
 
 template <class Wire>
 COHORT_KERNEL void unpack_kernel(const batch_entry* entries, std::size_t count, std::uint64_t total,
                                  const Wire* buffer, batch_factor factor) {
-  for (std::uint64_t i = first_index(); i < total; i += grid_stride()) {
-    unpack_element(entries, count, i, buffer, factor);
+  for (std::uint64_t tile = blockIdx.x; tile * tile_elements < total; tile += gridDim.x) {
+    const std::uint64_t first = tile * tile_elements;
+    unpack_range(entries, count, first,
+                 first + tile_elements < total ? first + tile_elements : total, buffer, factor,
+                 threadIdx.x, blockDim.x);
   }
 }
 
@@ -123,7 +137,7 @@ inline void pack(std::span<const const_tensor_view> sources, tensor_view buffer,
     return;
   }
   visit(buffer.type, [&]<class Wire>(std::type_identity<Wire>) {
-    pack_kernel<Wire><<<grid_size(total), block_size, 0, stream>>>(
+    pack_kernel<Wire><<<tile_grid(total), block_size, 0, stream>>>(
         entries, sources.size(), total, static_cast<Wire*>(buffer.data), detail::factor_of(factor));
   });
   check_launch("pack_kernel");
@@ -138,7 +152,7 @@ inline void unpack(const_tensor_view buffer, std::span<const tensor_view> target
     return;
   }
   visit(buffer.type, [&]<class Wire>(std::type_identity<Wire>) {
-    unpack_kernel<Wire><<<grid_size(total), block_size, 0, stream>>>(
+    unpack_kernel<Wire><<<tile_grid(total), block_size, 0, stream>>>(
         entries, targets.size(), total, static_cast<const Wire*>(buffer.data),
         detail::factor_of(factor));
   });

@@ -9,6 +9,7 @@
 // docs.nvidia.com/deeplearning/nccl/user-guide/docs/ (usage/ and api/).
 
 #include <cohort/config.hpp>
+#include <cohort/detail/poll_backoff.hpp>
 #include <cohort/detail/watchdog.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
@@ -27,7 +28,6 @@
 #include <exception>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 namespace cohort {
@@ -120,6 +120,7 @@ public:
   //! the time waited; `ncclInvalidArgument` throws and leaves the communicator usable.
   void complete(ncclResult_t result, std::string_view call) {
     const auto start = std::chrono::steady_clock::now();
+    const cohort::detail::poll_backoff backoff;
     for (;;) {
       const auto waited = since(start);
       switch (detail::next_after(result, past(waited, limit_))) {
@@ -133,7 +134,7 @@ public:
       case detail::nccl_next::poll:
         break;
       }
-      std::this_thread::sleep_for(poll_period);
+      backoff.pause();
       result = async_state(call, start);
     }
   }
@@ -155,9 +156,10 @@ public:
   void wait(const cuda::event& started, const cuda::event& done, std::chrono::milliseconds limit,
             std::string_view operation) {
     const auto queued = std::chrono::steady_clock::now();
+    const cohort::detail::poll_backoff backoff;
     while (!finished(started, operation)) {
       poll_async(operation, queued);
-      std::this_thread::sleep_for(poll_period);
+      backoff.pause();
     }
     wait_from(std::chrono::steady_clock::now(), done, limit, operation);
   }
@@ -186,8 +188,6 @@ public:
   }
 
 private:
-  static constexpr std::chrono::microseconds poll_period{50};
-
   // Rank 0's unique id on every rank of `comm`, and every rank's word that it can join: a rank
   // without a device (or a rank 0 that could not make the id) fails every rank alike, naming it,
   // instead of leaving the others waiting for it in NCCL's initialisation.
@@ -288,13 +288,14 @@ private:
 
   void wait_from(std::chrono::steady_clock::time_point start, const cuda::event& done,
                  std::chrono::milliseconds limit, std::string_view operation) {
+    const cohort::detail::poll_backoff backoff;
     while (!finished(done, operation)) {
       poll_async(operation, start);
       const auto waited = since(start);
       if (past(waited, limit)) {
         fail(operation, ncclInProgress, waited, limit);
       }
-      std::this_thread::sleep_for(poll_period);
+      backoff.pause();
     }
   }
 
@@ -302,6 +303,7 @@ private:
   // if it may not.
   void wait_until_finalizable() {
     const auto start = std::chrono::steady_clock::now();
+    const cohort::detail::poll_backoff backoff;
     for (;;) {
       const ncclResult_t state = async_state("ncclCommFinalize", start);
       const auto waited = since(start);
@@ -313,7 +315,7 @@ private:
       case detail::teardown::poll:
         break;
       }
-      std::this_thread::sleep_for(poll_period);
+      backoff.pause();
     }
   }
 
