@@ -141,7 +141,7 @@ fi
 
 mib=$(( $(du -sk "$out" | cut -f1) / 1024 ))
 {
-  echo "cohort device kit, packed $(date -u +%Y-%m-%dT%H:%MZ) from $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "cohort device kit, packed $(date -u +%Y-%m-%dT%H:%MZ) from $(git -C "$root" describe --always --dirty 2>/dev/null || echo "?")"
   echo "cuda architectures: $(grep -ho 'sm_[0-9]*' "$build"/test/gpu/CMakeFiles/test_gpu_kernels.dir/flags.make | sort -u | tr '\n' ' ')"
   echo "nvcc: $(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake | head -n 1)"
   echo "open mpi: $(ompi_info --version 2>/dev/null | head -n 1), $kept plugins (left out: ${left[*]})"
