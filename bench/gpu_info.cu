@@ -28,8 +28,13 @@ int main(int argc, char** argv) {
     std::printf("nccl: %d.%d.%d\n", nccl / 10000, nccl / 100 % 100, nccl % 100);
   }
   std::printf("mpi cuda-aware: %s\n", cohort::mpi_is_cuda_aware() ? "yes" : "no");
-  const int count = cohort::cuda::device_count();
-  if (count == 0) {
+  // Why no device is seen, when none is: the kit's run fails a machine that has a GPU whose
+  // CUDA sees none (a driver older than this runtime, no access to /dev/nvidia*).
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    std::printf("gpu: none (cudaGetDeviceCount: %s)\n", cudaGetErrorString(e));
+    count = 0;
+  } else if (count == 0) {
     std::printf("gpu: none\n");
   }
   for (int i = 0; i < count; ++i) {

@@ -18,10 +18,12 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -402,10 +404,14 @@ int main(int argc, char** argv) try {
               "time, 1 GB = 1e9 bytes; vs copy = that rate / cudaMemcpy d2d's rate\n",
               s.runs);
   std::printf("%-22s %-28s %10s %9s %8s\n", "kernel", "bucket", "ms", "GB/s", "vs copy");
-  for (const std::size_t mib : {std::size_t{25}, std::size_t{256}}) {
-    if ((mib << 20) <= s.max_bytes) {
-      time_kernels(mib << 20, mib == 25 ? 16 : 64, s.runs, stream.get(), workspace);
-    }
+  // A small first bucket, a bucket of many small tensors (biases, norms), the default bucket
+  // size and a large bucket. (--max-bytes bounds the checks, not these.)
+  const std::pair<std::size_t, std::size_t> buckets[] = {{std::size_t{1} << 20, 8},
+                                                         {std::size_t{4} << 20, 1000},
+                                                         {std::size_t{25} << 20, 16},
+                                                         {std::size_t{256} << 20, 64}};
+  for (const auto& [bytes, tensors] : buckets) {
+    time_kernels(bytes, tensors, s.runs, stream.get(), workspace);
   }
   return t.failed == 0 ? 0 : 1;
 } catch (const std::exception& e) {

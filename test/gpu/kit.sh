@@ -59,6 +59,6 @@ fail() {
 grep -E '^PASS gpu\.' "$work/run.txt" && fail "a GPU case passed on a machine without a GPU"
 grep -qE '^PASS kernels.host' "$work/run.txt" || fail "the host kernels case did not pass"
 grep -qE '^PASS without_device.np2' "$work/run.txt" || fail "the host MPI case did not pass"
-skips=$(grep -cE '^SKIP gpu\.' "$work/run.txt")
+skips=$(grep -cE '^SKIP gpu\.' "$work/run.txt" || true)
 [ "$skips" -ge 10 ] || fail "only $skips GPU cases said SKIP"
 echo "kit.sh: the kit runs with Open MPI, Boost and xxHash hidden: host cases passed, $skips GPU cases skipped"

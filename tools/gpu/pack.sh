@@ -37,7 +37,7 @@ limit_mib=60
 # What the kit runs, by build-tree path. The host cases (kernels' host oracle, the checks made
 # before touching a GPU, one collective over the relocated Open MPI) run anywhere and prove the
 # kit's runtime; the rest are skipped without a GPU.
-targets=(test/gpu/test_gpu_kernels test/gpu/test_gpu_strategies
+targets=(test/gpu/test_gpu_instantiate test/gpu/test_gpu_kernels test/gpu/test_gpu_strategies
          test/gpu/test_gpu_distributed_optimizer test/gpu/test_gpu_without_device
          test/test_kernels_host examples/gpu_mlp bench/bench_allreduce
          bench/bench_gpu_kernels bench/bench_gpu_info)
@@ -52,6 +52,11 @@ if [ "$do_build" = 1 ]; then
   fi
 fi
 
+# (Emptied only if it is a kit already, or nothing.)
+if [ -e "$out" ] && [ ! -f "$out/MANIFEST" ]; then
+  echo "pack.sh: $out exists and is not a device kit: not emptying it" >&2
+  exit 1
+fi
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/openmpi/bin" "$out/openmpi/lib" "$out/openmpi/share" \
   "$out/openmpi/etc" "$out/pmix/lib" "$out/pmix/share"
@@ -103,7 +108,6 @@ done
 # Open MPI, relocated (run.sh sets OPAL_PREFIX and its directories): the launcher, the plugins
 # whose libraries the kit has (not the InfiniBand, UCX, PSM or libfabric transports: a single
 # machine's shared memory and TCP are what run), their help texts and default parameters.
-ompi_libdir=$(dirname "$(readlink -f "$(ldd "$out/bin/bench_gpu_info" | awk '$1 ~ /^libmpi.so/ { print $3 }')")")
 ompi_plugins=$(ompi_info --path pkglibdir --parsable 2>/dev/null | sed -n 's/^path:pkglibdir://p')
 ompi_data=$(ompi_info --path pkgdatadir --parsable 2>/dev/null | sed -n 's/^path:pkgdatadir://p')
 ompi_sysconf=$(ompi_info --path sysconfdir --parsable 2>/dev/null | sed -n 's/^path:sysconfdir://p')
@@ -130,7 +134,8 @@ done
 cp -r "$ompi_data" "$out/openmpi/share/openmpi"
 cp "$ompi_sysconf"/openmpi-mca-params.conf "$out/openmpi/etc/" 2>/dev/null || true
 # PMIx, Open MPI's process-management library, relocated too (PMIX_PREFIX and friends).
-pmix_lib=$(for p in "$out"/openmpi/lib/plugins/mca_pmix_*.so; do ldd "$p"; done | awk '$1 ~ /^libpmix/ { print $3; exit }')
+pmix_lib=$(for p in "$out"/openmpi/lib/plugins/mca_pmix_*.so; do ldd "$p"; done |
+           awk '$1 ~ /^libpmix/ && !seen++ { print $3 }')
 pmix_root=$(dirname "$(dirname "$(readlink -f "${pmix_lib:-/nonexistent}")")")
 if [ -d "$pmix_root/lib/pmix" ]; then
   cp -r "$pmix_root/lib/pmix" "$out/pmix/lib/pmix"
@@ -139,10 +144,19 @@ if [ -d "$pmix_root/lib/pmix" ]; then
   [ -f "$pmix_root/share/pmix-mca-params.conf" ] && cp "$pmix_root/share/pmix-mca-params.conf" "$out/pmix/share/"
 fi
 
+# The architectures nvcc compiled for (from the Makefile or Ninja build files): the H100 needs
+# sm_90's code (PTX of an older one would be compiled at load time, and timed so).
+architectures=$(cat "$build"/test/gpu/CMakeFiles/test_gpu_kernels.dir/flags.make \
+                  "$build"/build.ninja 2>/dev/null | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ' || true)
+if [[ " $architectures" != *" sm_90 "* ]]; then
+  echo "pack.sh: the build has no sm_90 code (architectures: ${architectures:-unknown}); configure with CMAKE_CUDA_ARCHITECTURES including 90" >&2
+  exit 1
+fi
 mib=$(( $(du -sk "$out" | cut -f1) / 1024 ))
 {
   echo "cohort device kit, packed $(date -u +%Y-%m-%dT%H:%MZ) from $(git -C "$root" describe --always --dirty 2>/dev/null || echo "?")"
-  echo "cuda architectures: $(grep -ho 'sm_[0-9]*' "$build"/test/gpu/CMakeFiles/test_gpu_kernels.dir/flags.make | sort -u | tr '\n' ' ')"
+  echo "cuda architectures: $architectures"
+  echo "uncommitted changes: $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | wc -l) files ($(git -C "$root" diff HEAD 2>/dev/null | sha256sum | cut -c1-12))"
   echo "nvcc: $(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake | head -n 1)"
   echo "open mpi: $(ompi_info --version 2>/dev/null | head -n 1), $kept plugins (left out: ${left[*]})"
   echo "carried libraries: $(ls "$out/lib" | tr '\n' ' ')"

@@ -8,6 +8,9 @@
 # checks that in CI, with Open MPI, Boost and xxHash hidden); exits 1 if any case failed.
 #
 #   tools/gpu/run.sh [KIT (gpu-kit)] [CASE_REGEX]
+#
+# COHORT_KIT_DEADLINE (480 s): the whole run's limit; a case gets what is left of it at most.
+# COHORT_KIT_SWEEP_BYTES (1 GiB): the largest size bench_gpu_kernels checks (most of its time).
 set -uo pipefail
 kit=$(realpath "${1:-gpu-kit}")
 only=${2:-.}
@@ -53,6 +56,11 @@ for d in site.getsitepackages():
         print(os.path.dirname(f))
 ')}
 [ -n "$nccl_dir" ] && [ -e "$nccl_dir/libnccl.so.2" ] || nccl_dir=
+if [ -z "$nccl_dir" ] && ! grep -q 'libnccl\.so\.2 ' <<<"$(/sbin/ldconfig -p 2>/dev/null)"; then
+  echo "FAIL kit.nccl: no libnccl.so.2 here (not in a PyTorch nvidia-nccl wheel, not known to the loader; COHORT_KIT_NCCL_DIR names its folder)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
 torch_dir=
 torch_note="the kit has no CUDA LibTorch test (pack.sh --torch-build)"
 if [ -x "$kit/bin/test_gpu_torch" ]; then
@@ -67,10 +75,11 @@ fi
 export LD_LIBRARY_PATH=$kit/lib${nccl_dir:+:$nccl_dir}${torch_dir:+:$torch_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 passed=0 failed=0 skipped=0
+deadline=$((SECONDS + ${COHORT_KIT_DEADLINE:-480}))
 echo "| case | result | seconds | detail |" > "$results"
 echo "| --- | --- | ---: | --- |" >> "$results"
 record() { # result name seconds detail
-  local line
+  local line detail=${4:-}
   case "$1" in
     PASS) passed=$((passed + 1)) ;;
     FAIL) failed=$((failed + 1)) ;;
@@ -79,17 +88,24 @@ record() { # result name seconds detail
   line="$1 $2${3:+ (${3} s)}${4:+: $4}"
   echo "$line"
   echo "$line" >> "$log"
-  echo "| $2 | $1 | ${3:-} | ${4:-} |" >> "$results"
+  echo "| $2 | $1 | ${3:-} | ${detail//|/\\|} |" >> "$results"
 }
 
 # run NAME KIND(host|gpu) LIMIT_S DETAIL_REGEX COMMAND...: PASS on exit 0 (with the last line the
-# regex picks, if any), SKIP on 77 or, without a GPU, on the program saying that it found none;
-# FAIL otherwise, with the output's last line.
+# regex picks, if any). Without a GPU, a GPU case that exits 77, or exits 0 or 1 saying that it
+# found no device, is SKIP. With one, a skip is a FAIL: every case of the kit runs on one GPU.
+# FAIL otherwise, with the output's last line. Each case is bounded by LIMIT_S and by what is
+# left of the run's deadline.
 run() {
   local name=$1 kind=$2 limit=$3 pick=$4
   shift 4
   [[ "$name" =~ $only ]] || return 0
-  local file=$out/case.txt start end rc seconds detail
+  local file=$out/case.txt start end rc seconds detail left=$((deadline - SECONDS))
+  if [ "$left" -lt 10 ]; then
+    record FAIL "$name" "" "not run: the run's deadline (COHORT_KIT_DEADLINE) has passed"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   start=$(date +%s.%N)
   timeout -k 10 "$limit" "$@" > "$file" 2>&1
   rc=$?
@@ -98,9 +114,11 @@ run() {
   { echo "==== $name: $*"; cat "$file"; echo "==== $name: exit $rc"; } >> "$log"
   detail=
   [ -n "$pick" ] && detail=$(grep -E "$pick" "$file" | tail -n 1)
-  if [ "$rc" = 77 ] || { [ "$kind" = gpu ] && [ "$gpus" = 0 ] &&
-                           grep -qE "$no_device" "$file"; }; then
+  if [ "$kind" = gpu ] && [ "$gpus" = 0 ] &&
+     { [ "$rc" = 77 ] || { [ "$rc" -le 1 ] && grep -qE "$no_device" "$file"; }; }; then
     record SKIP "$name" "" "$(grep -m 1 -iE "skipped|$no_device" "$file" | sed 's/^# //')"
+  elif [ "$rc" = 77 ] || { [ "$kind" = gpu ] && grep -qE "$no_device" "$file"; }; then
+    record FAIL "$name" "$seconds" "skipped on a machine with a GPU: $(grep -m 1 -iE "skipped|$no_device" "$file")"
   elif [ "$rc" = 0 ]; then
     record PASS "$name" "$seconds" "$detail"
   elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
@@ -116,7 +134,7 @@ no_device='no CUDA device visible|gpu rows: none'
 
 # ---- what this machine has --------------------------------------------------------------------
 echo "kit: $(head -n 1 "$kit/MANIFEST")"
-info=$(timeout 60 "$mpirun" -np 1 "$kit/bin/bench_gpu_info" 2>&1)
+info=$(timeout -k 5 60 "$mpirun" -np 1 "$kit/bin/bench_gpu_info" 2>&1)
 info_rc=$?
 echo "$info" >> "$log"
 gpus=$(grep -c '^gpu: [0-9]' <<<"$info")
@@ -127,6 +145,12 @@ if [ "$info_rc" != 0 ]; then
   exit 1
 fi
 echo "$info" | grep -E '^(gpu|cuda|nccl|mpi|kernel)'
+# A machine with an NVIDIA device whose CUDA sees none must not pass with every GPU case skipped.
+if [ "$gpus" = 0 ] && { [ -e /dev/nvidiactl ] || [ -n "${COHORT_KIT_EXPECT_GPU:-}" ]; }; then
+  echo "FAIL kit.gpu: this machine has an NVIDIA device (/dev/nvidiactl) but CUDA sees none: $(grep '^gpu:' <<<"$info")"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
 default_nccl="the loader's default"
 echo "nccl library: ${nccl_dir:-$default_nccl}; libtorch: ${torch_dir:-none ($torch_note)}"
 {
@@ -146,8 +170,9 @@ run kernels.host host 120 '' "$bin/test_kernels_host"
 run without_device.np2 host 120 '' env COHORT_RANKS_PER_NODE=1 "$mpirun" -np 2 "$bin/test_gpu_without_device"
 
 # ---- the kernels ------------------------------------------------------------------------------
+run gpu.instantiate gpu 60 '' "$bin/test_gpu_instantiate"
 run gpu.kernels gpu 120 '' "$bin/test_gpu_kernels"
-run gpu.kernels.sweep gpu 300 '^checks:' "$bin/bench_gpu_kernels"
+run gpu.kernels.sweep gpu 300 '^checks:' "$bin/bench_gpu_kernels" ${COHORT_KIT_SWEEP_BYTES:+--max-bytes "$COHORT_KIT_SWEEP_BYTES"}
 [ -s "$out/last-case.txt" ] && grep -q '^# speed' "$out/last-case.txt" && cp "$out/last-case.txt" "$out/kernels.txt"
 
 # ---- every GPU strategy at 1 rank -------------------------------------------------------------

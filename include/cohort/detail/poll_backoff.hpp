@@ -3,10 +3,11 @@
 
 // The pause between two polls of something that finishes on its own (a device's work, a
 // non-blocking communicator's state): yields while the wait is short, sleeps once it is long. A
-// sleep on Linux lasts 60-110 us whatever it asks for (timer slack), so a wait that slept from its
-// first poll cost every step that much: 150 us of pure_nccl's 153 us on one rank of an H100
-// (docs/gpu.md). Yielding leaves the core to ranks that oversubscribe it; sleeping once the wait
-// is long (a peer still computing) stops the spinning.
+// sleep on Linux lasts 60-110 us whatever it asks for (timer slack): a wait that slept from its
+// first poll made every short device operation last that long, twice a step for the NCCL
+// strategies (the user's work, then cohort's). Yielding leaves the core to ranks that
+// oversubscribe it; sleeping once the wait is long (a peer still computing, backward still
+// queued) stops the spinning, and a sleep's latency is small beside such a wait.
 
 #include <cohort/config.hpp>
 

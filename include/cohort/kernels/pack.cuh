@@ -18,6 +18,7 @@
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -29,35 +30,42 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace kernels::device {
 
-// Each block copies tiles of `tile_elements` buffer elements, one thread a lane (batch.hpp's
-// pack_range): the tensor a tile starts in is found once per tile, not once per element, and
-// each tensor's part is a plain loop of its dtype. Grid-stride over the tiles.
-inline constexpr std::uint64_t tile_elements = 8192;
-
-inline unsigned tile_grid(std::uint64_t total) {
-  return grid_size(((total + tile_elements - 1) / tile_elements) * block_size);
-}
-
+// Each block copies tiles of `tile` buffer elements, one thread a lane (batch.hpp's pack_range):
+// the tensor a tile starts in is found once per tile, not once per element, and each tensor's
+// part is a plain loop of its dtype. Grid-stride over the tiles.
 template <class Wire>
 COHORT_KERNEL void pack_kernel(const batch_entry* entries, std::size_t count, std::uint64_t total,
-                               Wire* buffer, batch_factor factor) {
-  for (std::uint64_t tile = blockIdx.x; tile * tile_elements < total; tile += gridDim.x) {
-    const std::uint64_t first = tile * tile_elements;
-    pack_range(entries, count, first, first + tile_elements < total ? first + tile_elements : total,
-               buffer, factor, threadIdx.x, blockDim.x);
+                               std::uint64_t tile, Wire* buffer, batch_factor factor) {
+  for (std::uint64_t first = blockIdx.x * tile; first < total; first += gridDim.x * tile) {
+    pack_range(entries, count, first, total - first > tile ? first + tile : total, buffer, factor,
+               threadIdx.x, blockDim.x);
   }
 }
 
 template <class Wire>
 COHORT_KERNEL void unpack_kernel(const batch_entry* entries, std::size_t count, std::uint64_t total,
-                                 const Wire* buffer, batch_factor factor) {
-  for (std::uint64_t tile = blockIdx.x; tile * tile_elements < total; tile += gridDim.x) {
-    const std::uint64_t first = tile * tile_elements;
-    unpack_range(entries, count, first,
-                 first + tile_elements < total ? first + tile_elements : total, buffer, factor,
+                                 std::uint64_t tile, const Wire* buffer, batch_factor factor) {
+  for (std::uint64_t first = blockIdx.x * tile; first < total; first += gridDim.x * tile) {
+    unpack_range(entries, count, first, total - first > tile ? first + tile : total, buffer, factor,
                  threadIdx.x, blockDim.x);
   }
 }
+
+namespace detail {
+// A tile of at most 8192 elements (each of 256 threads copies 32, four at a time), fewer for a
+// small batch so that it still spreads over about 1024 blocks: a 1 MiB bucket in tiles of 8192
+// would be 32 blocks on a GPU of 132 multiprocessors.
+inline std::uint64_t tile_for(std::uint64_t total) {
+  constexpr std::uint64_t smallest = 4 * block_size;
+  constexpr std::uint64_t largest = 8192;
+  constexpr std::uint64_t blocks = 1024;
+  const std::uint64_t even = (total + blocks - 1) / blocks;
+  return std::clamp((even + smallest - 1) / smallest * smallest, smallest, largest);
+}
+inline unsigned grid_for(std::uint64_t total, std::uint64_t tile) {
+  return static_cast<unsigned>(std::min<std::uint64_t>((total + tile - 1) / tile, 65536));
+}
+} // namespace detail
 
 //! The batch table of the last pack or unpack, in pinned host memory and on the device, reused
 //! from step to step. The event keeps the next step from rewriting the host copy while the last
@@ -137,8 +145,10 @@ inline void pack(std::span<const const_tensor_view> sources, tensor_view buffer,
     return;
   }
   visit(buffer.type, [&]<class Wire>(std::type_identity<Wire>) {
-    pack_kernel<Wire><<<tile_grid(total), block_size, 0, stream>>>(
-        entries, sources.size(), total, static_cast<Wire*>(buffer.data), detail::factor_of(factor));
+    const std::uint64_t tile = detail::tile_for(total);
+    pack_kernel<Wire><<<detail::grid_for(total, tile), block_size, 0, stream>>>(
+        entries, sources.size(), total, tile, static_cast<Wire*>(buffer.data),
+        detail::factor_of(factor));
   });
   check_launch("pack_kernel");
 }
@@ -152,8 +162,9 @@ inline void unpack(const_tensor_view buffer, std::span<const tensor_view> target
     return;
   }
   visit(buffer.type, [&]<class Wire>(std::type_identity<Wire>) {
-    unpack_kernel<Wire><<<tile_grid(total), block_size, 0, stream>>>(
-        entries, targets.size(), total, static_cast<const Wire*>(buffer.data),
+    const std::uint64_t tile = detail::tile_for(total);
+    unpack_kernel<Wire><<<detail::grid_for(total, tile), block_size, 0, stream>>>(
+        entries, targets.size(), total, tile, static_cast<const Wire*>(buffer.data),
         detail::factor_of(factor));
   });
   check_launch("unpack_kernel");

@@ -126,14 +126,6 @@ public:
     packer.unpack(packed, targets_, k.plan.post_scale);
   }
 
-  //! Whether reducing bucket `b` of the current plan over one rank leaves every gradient exactly
-  //! as it is: the wire dtype is the gradients' own and both scales are 1 (the mean or the sum of
-  //! one gradient is itself, bit for bit). A device strategy of one rank skips such a bucket.
-  bool unchanged_on_one_rank(std::size_t b) const {
-    const bucket& k = current_->plan.buckets()[b];
-    return k.plan.wire == k.type && k.plan.pre_scale == 1.0 && k.plan.post_scale == 1.0;
-  }
-
   //! Packs bucket `b` of the current plan (one that is not in place) into the shared buffer,
   //! cast to its wire dtype and pre-scaled: what its exchange is handed. The gradients are only
   //! read. (A small step's one bucket travels in the step's agreement: grad_sync::validate.)

@@ -256,10 +256,8 @@ protected:
   void reduce_gradients(std::span<const grad_slot> slots, const reduction_table&) {
     Strategy& self = static_cast<Strategy&>(*this);
     enqueue_on(self.bucket_comm(), "allreduce_grad", [&](nccl::communicator& c, cudaStream_t s) {
-      fused_.run(
-          slots, s,
-          [&](tensor_view packed, reduce_op op) { self.exchange_bucket(c, packed, op, s); },
-          this->size() == 1);
+      fused_.run(slots, s,
+                 [&](tensor_view packed, reduce_op op) { self.exchange_bucket(c, packed, op, s); });
     });
   }
 

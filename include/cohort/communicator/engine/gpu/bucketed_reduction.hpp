@@ -78,16 +78,10 @@ public:
   }
 
   //! Reduces every bucket of the plan `prepare` made for these slots (the engine calls it before
-  //! the ranks agree: nothing is looked up or allocated again here). On one rank (`lone`), a
-  //! bucket that the reduction leaves unchanged is not touched: a job of one GPU pays no pack, no
-  //! unpack and no NCCL call for its mean (1580 us for 256 MiB on an H100 before: docs/gpu.md).
+  //! the ranks agree: nothing is looked up or allocated again here).
   template <class Exchange>
-  void run(std::span<const grad_slot> slots, cudaStream_t stream, Exchange&& exchange,
-           bool lone = false) {
+  void run(std::span<const grad_slot> slots, cudaStream_t stream, Exchange&& exchange) {
     for (std::size_t b = 0; b < plans_.bucket_count(); ++b) {
-      if (lone && plans_.unchanged_on_one_rank(b)) {
-        continue;
-      }
       const device_packer packer{stream, workspaces_[b]->pack, workspaces_[b]->unpack};
       plans_.reduce_bucket_with(packer, buffer_.data(), b, slots,
                                 [&](tensor_view packed, reduce_op op) {
