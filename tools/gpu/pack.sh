@@ -52,12 +52,23 @@ if [ "$do_build" = 1 ]; then
   fi
 fi
 
-# (Emptied only if it is a kit already, or nothing.)
+# The architectures nvcc compiled for (from the Makefile or Ninja build files): the H100 needs
+# sm_90's code (PTX of an older one would be compiled at load time, and timed so).
+architectures=$(cat "$build"/test/gpu/CMakeFiles/test_gpu_kernels.dir/flags.make \
+                  "$build"/build.ninja 2>/dev/null | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ' || true)
+if [[ " $architectures" != *" sm_90 "* ]]; then
+  echo "pack.sh: the build has no sm_90 code (architectures: ${architectures:-unknown}); configure with CMAKE_CUDA_ARCHITECTURES including 90" >&2
+  exit 1
+fi
+# (Emptied only if it is a kit already, or nothing; a kit being packed is marked so from the start,
+# so that a pack that failed halfway can be packed again.)
 if [ -e "$out" ] && [ ! -f "$out/MANIFEST" ]; then
   echo "pack.sh: $out exists and is not a device kit: not emptying it" >&2
   exit 1
 fi
 rm -rf "$out"
+mkdir -p "$out"
+echo "cohort device kit, incomplete: its packing did not finish" > "$out/MANIFEST"
 mkdir -p "$out/bin" "$out/lib" "$out/openmpi/bin" "$out/openmpi/lib" "$out/openmpi/share" \
   "$out/openmpi/etc" "$out/pmix/lib" "$out/pmix/share"
 for t in "${targets[@]}"; do
@@ -134,8 +145,8 @@ done
 cp -r "$ompi_data" "$out/openmpi/share/openmpi"
 cp "$ompi_sysconf"/openmpi-mca-params.conf "$out/openmpi/etc/" 2>/dev/null || true
 # PMIx, Open MPI's process-management library, relocated too (PMIX_PREFIX and friends).
-pmix_lib=$(for p in "$out"/openmpi/lib/plugins/mca_pmix_*.so; do ldd "$p"; done |
-           awk '$1 ~ /^libpmix/ && !seen++ { print $3 }')
+pmix_lib=$(for p in "$out"/openmpi/lib/plugins/mca_pmix_*.so; do [ -e "$p" ] && ldd "$p"; done |
+           awk '$1 ~ /^libpmix/ && !seen++ { print $3 }' || true)
 pmix_root=$(dirname "$(dirname "$(readlink -f "${pmix_lib:-/nonexistent}")")")
 if [ -d "$pmix_root/lib/pmix" ]; then
   cp -r "$pmix_root/lib/pmix" "$out/pmix/lib/pmix"
@@ -144,14 +155,6 @@ if [ -d "$pmix_root/lib/pmix" ]; then
   [ -f "$pmix_root/share/pmix-mca-params.conf" ] && cp "$pmix_root/share/pmix-mca-params.conf" "$out/pmix/share/"
 fi
 
-# The architectures nvcc compiled for (from the Makefile or Ninja build files): the H100 needs
-# sm_90's code (PTX of an older one would be compiled at load time, and timed so).
-architectures=$(cat "$build"/test/gpu/CMakeFiles/test_gpu_kernels.dir/flags.make \
-                  "$build"/build.ninja 2>/dev/null | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ' || true)
-if [[ " $architectures" != *" sm_90 "* ]]; then
-  echo "pack.sh: the build has no sm_90 code (architectures: ${architectures:-unknown}); configure with CMAKE_CUDA_ARCHITECTURES including 90" >&2
-  exit 1
-fi
 mib=$(( $(du -sk "$out" | cut -f1) / 1024 ))
 {
   echo "cohort device kit, packed $(date -u +%Y-%m-%dT%H:%MZ) from $(git -C "$root" describe --always --dirty 2>/dev/null || echo "?")"

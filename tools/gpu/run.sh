@@ -11,6 +11,7 @@
 #
 # COHORT_KIT_DEADLINE (480 s): the whole run's limit; a case gets what is left of it at most.
 # COHORT_KIT_SWEEP_BYTES (1 GiB): the largest size bench_gpu_kernels checks (most of its time).
+# COHORT_KIT_EXPECT_GPU=1: fail if CUDA sees no GPU (implied where /dev/nvidiactl exists).
 set -uo pipefail
 kit=$(realpath "${1:-gpu-kit}")
 only=${2:-.}
@@ -19,8 +20,8 @@ mkdir -p "$out"
 log=$out/log.txt
 results=$out/results.md
 : > "$log"
-if [ ! -f "$kit/MANIFEST" ]; then
-  echo "run.sh: $kit is not a device kit (tools/gpu/pack.sh makes one)" >&2
+if [ ! -f "$kit/MANIFEST" ] || grep -q incomplete "$kit/MANIFEST"; then
+  echo "run.sh: $kit is not a (complete) device kit (tools/gpu/pack.sh makes one)" >&2
   exit 2
 fi
 
@@ -119,6 +120,8 @@ run() {
     record SKIP "$name" "" "$(grep -m 1 -iE "skipped|$no_device" "$file" | sed 's/^# //')"
   elif [ "$rc" = 77 ] || { [ "$kind" = gpu ] && grep -qE "$no_device" "$file"; }; then
     record FAIL "$name" "$seconds" "skipped on a machine with a GPU: $(grep -m 1 -iE "skipped|$no_device" "$file")"
+  elif [ "$rc" = 0 ] && [ -n "$pick" ] && [ -z "$detail" ]; then
+    record FAIL "$name" "$seconds" "exit 0, but no line matching '$pick' (its result) in the output"
   elif [ "$rc" = 0 ]; then
     record PASS "$name" "$seconds" "$detail"
   elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
@@ -212,6 +215,9 @@ rm -f "$out/last-case.txt"
 
 { cat "$out/header.md"; cat "$results"; } > "$out/results.tmp" && mv "$out/results.tmp" "$results"
 rm -f "$out/header.md"
+if [ $((passed + failed + skipped)) = 0 ]; then
+  record FAIL kit.cases "" "no case matches '$only'"
+fi
 echo "$skipped skipped"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -69,7 +69,8 @@ inline unsigned grid_for(std::uint64_t total, std::uint64_t tile) {
 
 //! The batch table of the last pack or unpack, in pinned host memory and on the device, reused
 //! from step to step. The event keeps the next step from rewriting the host copy while the last
-//! one's transfer may still read it.
+//! one's transfer may still read it. A workspace serves one stream (the engine's own: one per
+//! bucket and direction); another stream gets a fresh upload.
 class batch_workspace {
 public:
   //! Copies the table of `tensors` (packed one after the other from buffer element 0) to the
@@ -83,6 +84,7 @@ public:
       return {static_cast<const batch_entry*>(device_.data()), *total};
     }
     const std::size_t bytes = tensors.size() * sizeof(batch_entry);
+    entries_ = 0; // (no table is reused until this one is wholly uploaded)
     if (copied_) {
       copied_->synchronize();
     } else {
