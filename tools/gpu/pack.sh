@@ -13,8 +13,9 @@
 #
 # --build: a configured cohort build with CUDA, tests, examples and benchmarks (default: build/,
 #   tools/dev.sh's); its kit targets are built first unless --no-build.
-# --torch-build: a build configured against a CUDA LibTorch (tools/gpu/torch.sh makes one), whose
-#   test_gpu_torch is packed; without it the kit has no CUDA LibTorch case.
+# --torch-build: a build configured against a CUDA LibTorch, whose test_gpu_torch is packed
+#   (`tools/torch-wheel.sh WORK ==VERSION --build-only test_gpu_torch` makes WORK/build); without
+#   it the kit has no CUDA LibTorch case.
 # --out: the kit's folder (default: gpu-kit/, git-ignored); emptied first.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -42,7 +43,7 @@ targets=(test/gpu/test_gpu_instantiate test/gpu/test_gpu_kernels test/gpu/test_g
          test/test_kernels_host examples/gpu_mlp bench/bench_allreduce
          bench/bench_gpu_kernels bench/bench_gpu_info)
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  echo "pack.sh: $build is not a configured cohort build (tools/dev.sh build makes one)" >&2
+  echo "pack.sh: $build is not a configured cohort build (tools/dev.sh test or gpu-pack makes one)" >&2
   exit 1
 fi
 if [ "$do_build" = 1 ]; then
