@@ -114,6 +114,22 @@ COHORT_HOST_DEVICE void unpack_value(const batch_entry& entry, std::uint64_t ind
   });
 }
 
+//! Calls `part(entry, from, end)` for each tensor's share [from, end) of buffer elements
+//! [first, last), in order: the tensor holding `first` found once, the next ones by walking on.
+template <class Part>
+COHORT_HOST_DEVICE void for_each_part(const batch_entry* entries, std::size_t count,
+                                      std::uint64_t first, std::uint64_t last, Part&& part) {
+  for (std::size_t e = locate(entries, count, first); first < last; ++e) {
+    const std::uint64_t end =
+        e + 1 < count && entries[e + 1].begin < last ? entries[e + 1].begin : last;
+    // (A copy: through a pointer into the table, every store of the copy loop could alias it, and
+    // the compiler would read the entry again after each.)
+    const batch_entry entry = entries[e];
+    part(entry, first, end);
+    first = end;
+  }
+}
+
 //! Buffer elements [first, last) of a batched pack, by one of `lanes` workers (lane `lane` takes
 //! elements first + lane, first + lane + lanes, ...): a device block copies a tile so, a thread a
 //! lane. The tensor holding `first` is found once, and each tensor's part of the range is copied
@@ -123,32 +139,29 @@ template <class Wire>
 COHORT_HOST_DEVICE void pack_range(const batch_entry* entries, std::size_t count,
                                    std::uint64_t first, std::uint64_t last, Wire* buffer,
                                    batch_factor factor, std::uint64_t lane, std::uint64_t lanes) {
-  for (std::size_t e = locate(entries, count, first); first < last; ++e) {
-    const std::uint64_t end =
-        e + 1 < count && entries[e + 1].begin < last ? entries[e + 1].begin : last;
-    const batch_entry entry = entries[e];
-    dispatch(entry.type, [&](auto tag) {
-      using T = decltype(tag);
-      using op = scale_cast<T, Wire>;
-      const op f{factor.get<typename op::compute>()};
-      const T* source = static_cast<const T*>(entry.data);
-      std::uint64_t i = first + lane;
-      for (; i + 3 * lanes < end; i += 4 * lanes) {
-        const T a = source[i - entry.begin];
-        const T b = source[i + lanes - entry.begin];
-        const T c = source[i + 2 * lanes - entry.begin];
-        const T d = source[i + 3 * lanes - entry.begin];
-        buffer[i] = f(a);
-        buffer[i + lanes] = f(b);
-        buffer[i + 2 * lanes] = f(c);
-        buffer[i + 3 * lanes] = f(d);
-      }
-      for (; i < end; i += lanes) {
-        buffer[i] = f(source[i - entry.begin]);
-      }
-    });
-    first = end;
-  }
+  for_each_part(entries, count, first, last,
+                [&](const batch_entry& entry, std::uint64_t from, std::uint64_t end) {
+                  dispatch(entry.type, [&](auto tag) {
+                    using T = decltype(tag);
+                    using op = scale_cast<T, Wire>;
+                    const op f{factor.get<typename op::compute>()};
+                    const T* source = static_cast<const T*>(entry.data);
+                    std::uint64_t i = from + lane;
+                    for (; i + 3 * lanes < end; i += 4 * lanes) {
+                      const T a = source[i - entry.begin];
+                      const T b = source[i + lanes - entry.begin];
+                      const T c = source[i + 2 * lanes - entry.begin];
+                      const T d = source[i + 3 * lanes - entry.begin];
+                      buffer[i] = f(a);
+                      buffer[i + lanes] = f(b);
+                      buffer[i + 2 * lanes] = f(c);
+                      buffer[i + 3 * lanes] = f(d);
+                    }
+                    for (; i < end; i += lanes) {
+                      buffer[i] = f(source[i - entry.begin]);
+                    }
+                  });
+                });
 }
 
 //! Buffer elements [first, last) of a batched unpack, by lane `lane` of `lanes`: the inverse of
@@ -157,32 +170,29 @@ template <class Wire>
 COHORT_HOST_DEVICE void unpack_range(const batch_entry* entries, std::size_t count,
                                      std::uint64_t first, std::uint64_t last, const Wire* buffer,
                                      batch_factor factor, std::uint64_t lane, std::uint64_t lanes) {
-  for (std::size_t e = locate(entries, count, first); first < last; ++e) {
-    const std::uint64_t end =
-        e + 1 < count && entries[e + 1].begin < last ? entries[e + 1].begin : last;
-    const batch_entry entry = entries[e];
-    dispatch(entry.type, [&](auto tag) {
-      using T = decltype(tag);
-      using op = scale_cast<Wire, T>;
-      const op f{factor.get<typename op::compute>()};
-      T* target = static_cast<T*>(entry.data);
-      std::uint64_t i = first + lane;
-      for (; i + 3 * lanes < end; i += 4 * lanes) {
-        const Wire a = buffer[i];
-        const Wire b = buffer[i + lanes];
-        const Wire c = buffer[i + 2 * lanes];
-        const Wire d = buffer[i + 3 * lanes];
-        target[i - entry.begin] = f(a);
-        target[i + lanes - entry.begin] = f(b);
-        target[i + 2 * lanes - entry.begin] = f(c);
-        target[i + 3 * lanes - entry.begin] = f(d);
-      }
-      for (; i < end; i += lanes) {
-        target[i - entry.begin] = f(buffer[i]);
-      }
-    });
-    first = end;
-  }
+  for_each_part(entries, count, first, last,
+                [&](const batch_entry& entry, std::uint64_t from, std::uint64_t end) {
+                  dispatch(entry.type, [&](auto tag) {
+                    using T = decltype(tag);
+                    using op = scale_cast<Wire, T>;
+                    const op f{factor.get<typename op::compute>()};
+                    T* target = static_cast<T*>(entry.data);
+                    std::uint64_t i = from + lane;
+                    for (; i + 3 * lanes < end; i += 4 * lanes) {
+                      const Wire a = buffer[i];
+                      const Wire b = buffer[i + lanes];
+                      const Wire c = buffer[i + 2 * lanes];
+                      const Wire d = buffer[i + 3 * lanes];
+                      target[i - entry.begin] = f(a);
+                      target[i + lanes - entry.begin] = f(b);
+                      target[i + 2 * lanes - entry.begin] = f(c);
+                      target[i + 3 * lanes - entry.begin] = f(d);
+                    }
+                    for (; i < end; i += lanes) {
+                      target[i - entry.begin] = f(buffer[i]);
+                    }
+                  });
+                });
 }
 
 } // namespace kernels
