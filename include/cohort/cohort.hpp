@@ -24,7 +24,9 @@
 #include <cohort/memory/shared_arena.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/compressed.hpp>
+#include <cohort/reducer/hook.hpp>
 #include <cohort/reducer/mean.hpp>
+#include <cohort/reducer/powersgd.hpp>
 #include <cohort/reducer/sum.hpp>
 #include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/concepts.hpp>

@@ -451,3 +451,44 @@ BOOST_AUTO_TEST_CASE(a_gan_trains_without_no_sync_as_with_it) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// Issue 35: PowerSGD through the LibTorch wrapper, tensors of any rank seen as DDP's hook sees
+// them (out channels x the rest, whatever the memory format), overlapped with backward: the
+// replicas stay bit-identical, and a second backward onto compressed gradients is refused as for
+// any reducer that does not average.
+BOOST_AUTO_TEST_CASE(powersgd_compresses_as_ddps_hook_does_and_replicas_stay_identical) {
+  using traits = cohort::tensor_traits<at::Tensor>;
+  BOOST_TEST(traits::rows(torch::zeros({8, 3, 5, 5})) == 8u);
+  BOOST_TEST(traits::rows(torch::zeros({8, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast)) ==
+             8u);
+  BOOST_TEST(traits::rows(torch::zeros({7})) == 7u);
+  BOOST_TEST(traits::rows(torch::zeros({})) == 0u);
+  BOOST_TEST(traits::rows(at::Tensor()) == 0u);
+  BOOST_TEST(traits::rows(torch::zeros({4, 6}).t()) == 0u); // (its first dimension is innermost)
+
+  cohort::flat comm = cohort::make_communicator<cohort::flat>();
+  const int r = comm.rank();
+  wide m = wide_seeded(r);
+  const cohort::powersgd hook({.rank = 2, .start_step = 1, .min_compression_rate = 1});
+  cohort::torch::distributed_optimizer<torch::optim::SGD, cohort::flat, cohort::powersgd> opt{
+      torch::optim::SGD(m->parameters(), 0.01), comm, *m, {}, hook};
+  train_step(opt, m, r, 0); // (the warm-up step: the mean)
+  const cohort::powersgd_stats warm_up = hook.stats();
+  for (int step = 1; step < 5; ++step) {
+    train_step(opt, m, r, step);
+  }
+  BOOST_TEST(same_on_every_rank(comm, m->parameters()));
+  const cohort::powersgd_stats all = hook.stats();
+  BOOST_TEST(all.compressed_steps == 4u);
+  BOOST_TEST(warm_up.values_sent == warm_up.values_before);
+  // 512 x 512 at rank 2: 2048 values instead of 262,144; every weight is compressed.
+  BOOST_TEST((all.values_sent - warm_up.values_sent) * 20 <
+             all.values_before - warm_up.values_before);
+  BOOST_TEST(!hook.error_of("fc2.weight").empty()); // 512 x 512: compressed, with its error kept
+
+  opt.zero_grad();
+  loss_of(m, r, 0).backward();
+  // (at one rank too: a compression of compressed + new gradients is not theirs together)
+  BOOST_CHECK_EXCEPTION(loss_of(m, r, 1).backward(), std::exception, message_has({"no_sync()"}));
+  opt.zero_grad();
+}

@@ -115,6 +115,12 @@ struct eigen_strided : eigen_storage<T, Scalar> {
 template <class S, int Rows, int Cols, int Options, int MaxRows, int MaxCols>
 struct tensor_traits<Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>>
     : detail::eigen_storage<Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>, S> {
+  //! Its memory read as a matrix stored row after row: a column-major matrix is its transpose
+  //! there (the same rank, which is what a low-rank compression looks at).
+  static std::size_t
+  rows(const Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>& m) noexcept {
+    return static_cast<std::size_t>(m.outerSize());
+  }
   static void resize(Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>& m,
                      std::size_t n) requires(Rows == Eigen::Dynamic || Cols == Eigen::Dynamic) {
     // A missing gradient is given its parameter's element count as one column (or row) of

@@ -418,6 +418,9 @@ private:
   // allreduce_grad, `collect` reading the set (a typed one directly: none of parameter_source).
   template <reducer Reducer, class Collect>
   void reduce_blocking(const Reducer& reducer, grad_sync_options options, Collect&& collect) {
+    static_assert(!(gradient_hook<Reducer> && device_strategy()),
+                  "cohort: gradient hooks (powersgd) reduce host gradients over host strategies "
+                  "(flat, hierarchical, two_dimensional, ...)");
     detail::operation_scope scope("allreduce_grad");
     engine::grad_sync* lane = nullptr;
     {

@@ -22,16 +22,23 @@ struct grad_sync_stats {
   std::uint64_t buckets = 0; //!< collectives run for them (a device strategy's as it counts them)
   std::uint64_t carried = 0; //!< blocking steps of one small bucket reduced inside the step's
                              //!< agreement: one round trip instead of two (counted in buckets)
+  std::uint64_t wire_bytes = 0; //!< bytes this rank handed to the strategy's exchanges: what a
+                                //!< compressing reducer saves shows here (its all-reduce
+                                //!< algorithm then moves a multiple of it)
   std::chrono::nanoseconds reducing{0};
   std::chrono::nanoseconds exposed{0};
+  //! Time a gradient hook (powersgd) spent computing, outside its exchanges (in `reducing`).
+  std::chrono::nanoseconds hook{0};
 
   grad_sync_stats& operator+=(const grad_sync_stats& o) noexcept {
     steps += o.steps;
     bytes += o.bytes;
     buckets += o.buckets;
     carried += o.carried;
+    wire_bytes += o.wire_bytes;
     reducing += o.reducing;
     exposed += o.exposed;
+    hook += o.hook;
     return *this;
   }
 };

@@ -75,6 +75,9 @@ struct grad_slot {
   tensor_view grad;
   std::size_t value_count = 0;
   slot_state state = slot_state::ok;
+  //! The gradient as a matrix of `rows` rows stored row after row (0: not a matrix), for hooks
+  //! that compress matrices. From the parameter's traits, else the gradient tensor's.
+  std::size_t rows = 0;
 };
 
 namespace detail {
@@ -96,6 +99,12 @@ grad_slot collect_one(P& p, missing_grad missing) {
     slot.state = slot_state::missing;
   } else if (tensor_is_contiguous(*g)) {
     slot.grad = make_view(*g);
+    if constexpr (requires { traits::rows(p); }) {
+      slot.rows = static_cast<std::size_t>(traits::rows(p));
+    }
+    if (slot.rows == 0) {
+      slot.rows = tensor_rows(*g);
+    }
     if (slot.grad.count != slot.value_count) {
       slot.state = slot_state::wrong_size;
     }

@@ -116,6 +116,18 @@ constexpr bool tensor_is_contiguous(const T& t) {
   }
 }
 
+//! The rows of a tensor seen as a matrix stored row after row (its traits' `rows`), or 0 where
+//! its traits do not say: a gradient hook then treats it as a vector.
+template <tensor T>
+constexpr std::size_t tensor_rows(const T& t) {
+  if constexpr (requires { traits_of<T>::rows(t); }) {
+    return static_cast<std::size_t>(traits_of<T>::rows(t));
+  } else {
+    (void)t;
+    return 0;
+  }
+}
+
 namespace detail {
 //! Whether a tensor is in GPU memory (device or managed): a compile-time answer where its type
 //! says where it lives.

@@ -5,6 +5,7 @@
 #include <cohort/tensor/concepts.hpp>
 
 #include <concepts>
+#include <cstddef>
 #include <ranges>
 #include <string>
 #include <string_view>
@@ -21,16 +22,21 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! - `static G* grad(P&)`: its gradient, a writable tensor, or `nullptr` when it has none. A
 //!   gradient with no elements while the value has some also counts as missing (this is how an
 //!   unused layer shows up in frameworks that allocate gradients lazily).
+//! - optionally, `static std::size_t rows(const P&)`: the gradient seen as a matrix of that many
+//!   rows, stored row after row (0: not a matrix), where the gradient's own tensor type cannot
+//!   say (a flat std::vector). Read by gradient hooks that compress matrices (`powersgd`).
 template <class P>
 struct parameter_traits;
 
 //! A ready-made parameter for trainers that keep their weights in their own containers: a name
-//! and pointers to the value and the gradient (both owned by the trainer).
+//! and pointers to the value and the gradient (both owned by the trainer), and, for a weight
+//! matrix kept flat, its number of rows (0: what the gradient's tensor type says, if anything).
 template <tensor Value, tensor Grad = Value>
 struct parameter_ref {
   std::string name;
   Value* value = nullptr;
   Grad* grad = nullptr;
+  std::size_t rows = 0;
 };
 
 template <class Value, class Grad>
@@ -38,6 +44,7 @@ struct parameter_traits<parameter_ref<Value, Grad>> {
   static std::string_view name(const parameter_ref<Value, Grad>& p) noexcept { return p.name; }
   static Value& value(const parameter_ref<Value, Grad>& p) noexcept { return *p.value; }
   static Grad* grad(const parameter_ref<Value, Grad>& p) noexcept { return p.grad; }
+  static std::size_t rows(const parameter_ref<Value, Grad>& p) noexcept { return p.rows; }
 };
 
 //! A type with a `parameter_traits` specialization whose value and gradient are writable tensors.

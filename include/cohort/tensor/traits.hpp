@@ -23,6 +23,9 @@ inline namespace COHORT_ABI_NAMESPACE {
 //!   that may or may not be (a non-contiguous one is rejected with `invalid_argument`).
 //! - optionally, `static void resize(T&, std::size_t)`, growing with zeros: lets cohort give a
 //!   missing gradient its storage when a parameter's gradient is zero-filled.
+//! - optionally, `static std::size_t rows(const T&)`: the elements seen as a matrix of that many
+//!   rows, row after row in memory (0: not a matrix). Only gradient hooks that compress matrices
+//!   (`powersgd`) read it; a tensor without it is reduced whole.
 //!
 //! `cohort/tensor/std.hpp` holds the specializations for the standard containers; see
 //! `test/tensor/traits.cpp` (a run-time dtype) and `test/communicator/collectives.cpp` for user

@@ -305,6 +305,9 @@ public:
   //! only then is reducing gradients reduced already, plus new ones, right (R(R(a) + b) =
   //! R(a + b)), as a backward that accumulates onto reduced gradients does.
   bool averages() const {
+    if constexpr (gradient_hook<Reducer>) {
+      return false; // (a compression of reduced gradients plus new ones is not theirs together)
+    }
     const int ranks = comm_->size();
     const grad_reduction plan = reducer_.plan(dtype::float32, ranks);
     const double gain = plan.pre_scale * plan.post_scale * ranks;

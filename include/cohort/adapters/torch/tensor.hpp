@@ -17,6 +17,7 @@
 
 #include <ATen/ATen.h>
 #include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -79,6 +80,16 @@ struct tensor_traits<at::Tensor> {
   }
   static memory_location location_of(const at::Tensor& t) {
     return t.defined() ? torch::location_of(t.device()) : memory_location::host;
+  }
+  //! As DDP's communication hooks see it (`view(size(0), -1)`): the outermost dimension is the
+  //! rows, provided it is also outermost in memory (standard and channels-last layouts both);
+  //! 0 for a scalar, or one whose first dimension is not outermost.
+  static std::size_t rows(const at::Tensor& t) {
+    if (!t.defined() || t.dim() == 0 || t.size(0) == 0) {
+      return 0;
+    }
+    const std::int64_t rows = t.size(0);
+    return t.size(0) == 1 || t.stride(0) == t.numel() / rows ? static_cast<std::size_t>(rows) : 0;
   }
   //! One dense block, whatever its strides; a sparse tensor is not.
   static bool is_contiguous(const at::Tensor& t) {

@@ -29,11 +29,13 @@ struct bucket_limits {
 
 //! A group of gradients of one dtype reduced by one collective: packed into a buffer of the wire
 //! dtype, or, for one gradient already of the wire dtype and of at least the threshold, reduced in
-//! place.
+//! place. A gradient hook's buckets are never in place: a hook exchanges what it computes from
+//! the bucket's gradients, and fewer, larger buckets mean fewer of its exchanges.
 struct bucket {
   dtype type = dtype::float32;
   grad_reduction plan;
   bool in_place = false;
+  bool hooked = false;          //!< reduced by the reducer's gradient hook (never in place)
   std::size_t first_member = 0; //!< into bucket_plan::members()
   std::size_t member_count = 0;
   std::size_t count = 0; //!< elements, all members together

@@ -23,6 +23,7 @@
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
+#include <cohort/reducer/hook.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/trace/span.hpp>
 #include <cohort/transport/mpi.hpp>
@@ -205,6 +206,17 @@ private:
   // A problem found on this rank during the step: every rank hears of it at the next agreement.
   void report(std::string problem);
 
+  // The reducer's gradient hook, if any, for this step: kept alive until the step ends, and
+  // prepared for the plan's buckets (before the agreement, on the caller's thread).
+  void prepare_hook(const checks& c, const reduction_table& table);
+
+  // Bucket `b` of the current plan: through the hook if it is the hook's, as the plan says
+  // otherwise. One helper for the caller's thread and cohort's.
+  void reduce_one(std::size_t b, trace_thread thread, bool own_buffer);
+
+  // The step's reduction completed on every rank: the hook counts it; the step's hook is let go.
+  void hook_step_ended() noexcept;
+
   void mark_ready(std::size_t index);
 
   bucketed_reduction reduction_;
@@ -241,6 +253,15 @@ private:
   std::string problem_; // the first local problem; written before problem_flag_ is raised
   std::atomic<bool> problem_flag_{false};
   worker_type* worker_ = nullptr; // the queue's (it outlives every lane)
+
+  // The step's gradient hook (empty: none), what keeps its state alive until the step ends, the
+  // layout it was prepared for, and the gradients as it sees them, bucket after bucket.
+  hook_ref hook_;
+  std::shared_ptr<void> hook_alive_;
+  std::uint64_t hook_key_ = 0;
+  std::vector<hook_tensor> hook_tensors_;
+  std::vector<std::size_t> hook_offsets_;
+  bool hook_prepared_ = false; // for this step: its end is the hook's to count
 };
 
 } // namespace engine

@@ -68,13 +68,17 @@ public:
   traced_host_packer untraced_packer() const noexcept {
     return {nullptr, trace_thread::trainer, 0};
   }
-  auto exchange(const strategy_ref& s, trace_thread thread, std::size_t bucket) const {
-    return [&s, trace = trace_, thread, bucket](tensor_view packed, reduce_op op) {
-      const trace_span span(trace, "reduce", thread, packed.size_bytes(),
+  auto exchange(const strategy_ref& s, trace_thread thread, std::size_t bucket) {
+    return [this, &s, thread, bucket](tensor_view packed, reduce_op op) {
+      const trace_span span(trace_, "reduce", thread, packed.size_bytes(),
                             static_cast<std::int64_t>(bucket));
       s.exchange(s.self, packed, op);
+      stats_.wire_bytes += packed.size_bytes();
     };
   }
+
+  //! A gradient hook spent `took` on its own compute (outside its exchanges) in one bucket.
+  void hook_computed(clock::duration took) noexcept { stats_.hook += took; }
 
   //! A blocking step's one small bucket is about to be packed to travel in the agreement.
   void carried_packing() noexcept { carried_phases_[0] = now(); }
@@ -92,9 +96,14 @@ public:
   //! The agreement that carried `carried` is over: if the ranks did not all carry it (`reduced`
   //! false), its pack and the agreement are traced as they went.
   void agreement_ended(tensor_view carried, bool reduced) {
-    if (carried.count == 0 || trace_ == nullptr) {
+    if (carried.count == 0) {
       return;
     }
+    if (trace_ == nullptr) {
+      stats_.wire_bytes += reduced ? carried.size_bytes() : 0;
+      return;
+    }
+    stats_.wire_bytes += reduced ? carried.size_bytes() : 0;
     carried_phases_[2] = trace_ticks::now();
     if (!reduced) {
       trace_->span("pack", trace_thread::trainer, carried_phases_[0], carried_phases_[1],
@@ -189,7 +198,8 @@ private:
   }
 
   // The caller's thread writes every field, but while an overlapped step is in flight cohort's
-  // thread owns `reducer_idle_since_`, and writes `stats_.buckets` and `stats_.reducing` (the
+  // thread owns `reducer_idle_since_`, and writes `stats_.buckets`, `stats_.reducing`,
+  // `stats_.wire_bytes` and `stats_.hook` (the
   // caller reads them only after finish has waited for that thread); `trace_` is only read then.
   trace_recorder* trace_ = nullptr; // the step in flight's, or null: not traced
   std::uint64_t began_ = 0;         // trace_ticks, when traced

@@ -32,8 +32,9 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
     const std::size_t d = dtype_index(slot.grad.type);
     const grad_reduction& plan = reduction(slot.grad.type);
     const std::size_t wire_bytes = slot.grad.count * size_of(plan.wire);
+    const bool hooked = reduction.hooked(slot.grad.type);
     const auto start = [&](bool in_place) {
-      buckets_.push_back({slot.grad.type, plan, in_place, 0, 0, 0});
+      buckets_.push_back({slot.grad.type, plan, in_place, hooked, 0, 0, 0});
       gathered.emplace_back();
       closed_at.push_back(position);
       return buckets_.size() - 1;
@@ -44,7 +45,8 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
       bucket_of_[s] = b;
     };
     const std::size_t limit = had_first[d] ? limits.bucket_bytes : limits.first_bucket_bytes;
-    if (plan.wire == slot.grad.type && slot.grad.size_bytes() >= limits.threshold_bytes) {
+    if (!hooked && plan.wire == slot.grad.type &&
+        slot.grad.size_bytes() >= limits.threshold_bytes) {
       add(start(true));
       continue;
     }

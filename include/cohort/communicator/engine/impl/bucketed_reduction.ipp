@@ -13,7 +13,7 @@ namespace engine {
 COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_slot> slots,
                                                            const reduction_table& reduction) {
   detail::fingerprint f;
-  f.add(engine::slots_fingerprint(slots));
+  f.add(engine::slots_fingerprint(slots)).add(reduction.hooked_mask());
   for (const dtype type : all_dtypes) {
     const grad_reduction& plan = reduction(type);
     f.add(static_cast<std::uint64_t>(plan.wire))

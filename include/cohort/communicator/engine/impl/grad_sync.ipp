@@ -34,14 +34,14 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
       return;
     }
     const std::size_t buckets = reduction_.plan().buckets().size();
+    checks_ = &c; // (no overlapped step is pending: the front door checked)
+    strategy_ = s;
     for (std::size_t b = 0; b < buckets; ++b) {
-      reduction_.reduce_bucket(
-          b, slots, observer_.exchange(s, trace_thread::trainer, b),
-          /*own_buffer=*/false,
-          observer_.packer(trace_thread::trainer, static_cast<std::int64_t>(b)));
+      reduce_one(b, trace_thread::trainer, /*own_buffer=*/false);
     }
     observer_.buckets_reduced(buckets);
   });
+  hook_step_ended();
   observer_.blocking_step_ended(step_bytes_, carried);
 }
 
@@ -86,7 +86,8 @@ COHORT_DECL void grad_sync::require_pending(const checks& c, std::string_view op
 COHORT_DECL void grad_sync::mark_reread(std::size_t index, const grad_slot& now) {
   grad_slot& then = slots_[index];
   if (now.state != slot_state::ok || now.grad.count != then.grad.count ||
-      now.grad.type != then.grad.type || now.grad.location != then.grad.location) {
+      now.grad.type != then.grad.type || now.grad.location != then.grad.location ||
+      now.rows != then.rows) {
     grad_slot changed = now;
     changed.name = then.name;
     report("cohort: grad_ready on rank " + std::to_string(checks_->rank()) + ": " +
@@ -146,6 +147,7 @@ COHORT_DECL void grad_sync::finish(step_end end) {
       g.pending_ = false; // first: a query under the mutex never finds it pending and closed
       g.worker_->close(g);
       g.step_range_.close();
+      g.hook_alive_.reset();
     }
   } done{*this};
   const checks& c = *checks_;
@@ -164,6 +166,7 @@ COHORT_DECL void grad_sync::finish(step_end end) {
   } else if (!problem.empty()) {
     throw invalid_argument(problem);
   }
+  hook_step_ended();
   if (reduction_.learning() && abandoned_from_.load() == none) {
     learn_order(c);
   }
@@ -220,13 +223,85 @@ COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   const auto watch = c.watch_transfer("allreduce_grad (a bucket)", k.count * size_of(k.plan.wire),
                                       waiter::reducer);
   const auto start = std::chrono::steady_clock::now();
-  c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
-    reduction_.reduce_bucket(b, std::span<const grad_slot>(slots_),
-                             observer_.exchange(strategy_, trace_thread::reducer, b),
-                             /*own_buffer=*/true,
-                             observer_.packer(trace_thread::reducer, static_cast<std::int64_t>(b)));
-  });
+  c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)",
+                     [&] { reduce_one(b, trace_thread::reducer, /*own_buffer=*/true); });
   observer_.bucket_reduced(std::chrono::steady_clock::now() - start);
+}
+
+COHORT_DECL void grad_sync::reduce_one(std::size_t b, trace_thread thread, bool own_buffer) {
+  const bucket& k = reduction_.plan().buckets()[b];
+  const auto traced_bucket = static_cast<std::int64_t>(b);
+  if (!k.hooked) {
+    reduction_.reduce_bucket(b, std::span<const grad_slot>(slots_),
+                             observer_.exchange(strategy_, thread, b), own_buffer,
+                             observer_.packer(thread, traced_bucket));
+    return;
+  }
+  // The views as they are now: a gradient marked ready may have been read again since prepare.
+  const std::size_t first = hook_offsets_[b];
+  const std::size_t last = hook_offsets_[b + 1];
+  for (std::size_t i = first; i < last; ++i) {
+    hook_tensors_[i].grad = slots_[hook_tensors_[i].slot].grad;
+  }
+  using clock = std::chrono::steady_clock;
+  struct context {
+    grad_sync& self;
+    std::size_t b;
+    trace_thread thread;
+    bool own_buffer;
+    clock::duration exchanging{};
+  } x{*this, b, thread, own_buffer};
+  static constexpr hook_bucket::engine_calls calls{
+      [](void* p, tensor_view data, reduce_op op) {
+        auto& x = *static_cast<context*>(p);
+        const auto start = clock::now();
+        x.self.observer_.exchange(x.self.strategy_, x.thread, x.b)(data, op);
+        x.exchanging += clock::now() - start;
+      },
+      [](void* p) {
+        auto& x = *static_cast<context*>(p);
+        const auto start = clock::now();
+        x.self.reduction_.reduce_bucket(
+            x.b, std::span<const grad_slot>(x.self.slots_),
+            x.self.observer_.exchange(x.self.strategy_, x.thread, x.b), x.own_buffer,
+            x.self.observer_.packer(x.thread, static_cast<std::int64_t>(x.b)));
+        x.exchanging += clock::now() - start;
+      }};
+  const hook_bucket view(hook_key_, b, checks_->rank(), checks_->size(),
+                         std::span<const hook_tensor>(hook_tensors_).subspan(first, last - first),
+                         k.count * size_of(k.plan.wire), calls, &x);
+  const auto start = clock::now();
+  {
+    const trace_span span(observer_.trace(), "hook", thread, k.count * size_of(k.plan.wire),
+                          traced_bucket);
+    hook_.reduce(view);
+  }
+  observer_.hook_computed(clock::now() - start - x.exchanging);
+}
+
+COHORT_DECL void grad_sync::prepare_hook(const checks& c, const reduction_table& table) {
+  hook_tensors_.clear();
+  hook_offsets_.assign(1, 0);
+  hook_key_ = engine::slots_fingerprint(slots_);
+  const bucket_plan& plan = reduction_.plan();
+  for (const bucket& k : plan.buckets()) {
+    if (k.hooked) {
+      for (const std::size_t s : plan.members(k)) {
+        hook_tensors_.push_back({slots_[s].grad, slots_[s].rows, s, slots_[s].name});
+      }
+    }
+    hook_offsets_.push_back(hook_tensors_.size());
+  }
+  table.hook().prepare(hook_layout(hook_key_, c.rank(), c.size(), hook_tensors_, hook_offsets_));
+  hook_prepared_ = true;
+}
+
+COHORT_DECL void grad_sync::hook_step_ended() noexcept {
+  if (hook_prepared_) {
+    hook_prepared_ = false;
+    hook_.step_ended(hook_key_);
+  }
+  hook_alive_.reset();
 }
 
 COHORT_DECL void grad_sync::learn_order(const checks& c) {

@@ -36,14 +36,25 @@ COHORT_DECL std::string grad_sync::prepare(const checks& c, const strategy_ref& 
     bytes += slot.grad.size_bytes();
   }
   step_bytes_ = bytes;
+  hook_ = table.hook();
+  hook_alive_ = hook_ ? hook_.share() : nullptr;
+  hook_prepared_ = false;
   const bool usable = std::ranges::all_of(
       slots_, [](const grad_slot& slot) { return slot.state == slot_state::ok; });
   if (!problem.empty() || !usable) {
     return problem;
   }
+  if (hook_ && s.device()) {
+    return "cohort: allreduce_grad on rank " + std::to_string(c.rank()) +
+           ": a gradient hook (powersgd, ...) reduces host gradients over a host strategy, and "
+           "this communicator's strategy reduces device memory";
+  }
   try {
     if (!s.device()) {
       prepare_buckets(s, table, mode != reduction_mode::blocking);
+      if (hook_) {
+        prepare_hook(c, table);
+      }
     } else if (s.prepare_all != nullptr) {
       s.prepare_all(s.self, slots_, table);
     }
@@ -60,7 +71,8 @@ COHORT_DECL carried_bucket grad_sync::pack_carried(const checks& c, const strate
     return {};
   }
   const bucket& k = reduction_.plan().buckets().front();
-  if (k.in_place || k.count == 0 || k.count * size_of(k.plan.wire) > liveness::max_carried_bytes) {
+  if (k.in_place || k.hooked || k.count == 0 ||
+      k.count * size_of(k.plan.wire) > liveness::max_carried_bytes) {
     return {};
   }
   try {

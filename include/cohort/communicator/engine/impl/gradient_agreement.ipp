@@ -54,9 +54,9 @@ describe_reduction_plan(std::span<const grad_slot> slots, const reduction_table&
 COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_step& step,
                                     carried_bucket carried) {
   const std::span<const grad_slot> slots = step.slots;
+  const std::uint64_t layout_key = engine::slots_fingerprint(slots);
   detail::fingerprint f;
-  f.add(engine::slots_fingerprint(slots))
-      .add(static_cast<std::uint64_t>(step.problem.empty() ? 0 : 1));
+  f.add(layout_key).add(static_cast<std::uint64_t>(step.problem.empty() ? 0 : 1));
   f.add(to_string(step.mode));
   const auto describe_layout = [&] {
     std::vector<engine::signature_entry> entries;
@@ -76,6 +76,14 @@ COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_s
   // The plan is compared only where the layouts agree (it follows from the layout's dtypes).
   const auto describe_plan = [&] {
     std::vector<engine::signature_entry> entries = describe_reduction_plan(slots, step.plan_of);
+    if (const hook_ref& hook = step.plan_of.hook()) {
+      std::vector<hook_signature::entry> described;
+      hook_signature signature(&described);
+      hook.sign(layout_key, signature);
+      for (hook_signature::entry& e : described) {
+        entries.push_back({"the gradient hook's " + e.what, std::move(e.value)});
+      }
+    }
     char buckets[24];
     std::snprintf(buckets, sizeof buckets, "%016llx",
                   static_cast<unsigned long long>(step.buckets));
@@ -86,6 +94,11 @@ COHORT_DECL bool agree_on_gradients(liveness& live, waiter who, const gradient_s
   };
   detail::fingerprint plan_f;
   plan_f.add(reduction_fingerprint(slots, step.mode, step.plan_of)).add(step.buckets);
+  if (const hook_ref& hook = step.plan_of.hook()) {
+    hook_signature signature;
+    hook.sign(layout_key, signature);
+    plan_f.add(signature.fingerprint());
+  }
   const auto layout =
       std::pair<std::uint64_t, decltype(describe_layout)&>(f.value(), describe_layout);
   const auto plan =

@@ -29,7 +29,8 @@ COHORT_DECL std::string slot_description(const grad_slot& slot) {
     break;
   }
   return "a gradient of " + describe_tensor(slot.grad.count, slot.grad.type) + " in " +
-         std::string(to_string(slot.grad.location)) + " memory";
+         std::string(to_string(slot.grad.location)) + " memory" +
+         (slot.rows == 0 ? std::string() : ", as " + std::to_string(slot.rows) + " rows");
 }
 
 COHORT_DECL std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
@@ -41,7 +42,8 @@ COHORT_DECL std::uint64_t slots_fingerprint(std::span<const grad_slot> slots) {
         .add(static_cast<std::uint64_t>(slot.state))
         .add(slot.grad.count)
         .add(static_cast<std::uint64_t>(slot.grad.type))
-        .add(static_cast<std::uint64_t>(slot.grad.location));
+        .add(static_cast<std::uint64_t>(slot.grad.location))
+        .add(slot.rows);
   }
   return f.value();
 }
