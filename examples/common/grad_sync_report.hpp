@@ -23,11 +23,17 @@ void report_grad_sync(Communicator& comm, bool report) {
   std::vector<double> slowest{ms(s.reducing), ms(s.exposed)};
   comm.allreduce(slowest, cohort::reduce_op::max);
   if (report) {
-    std::printf("  gradients (rank 0): %.1f MB in %llu steps, %llu collectives, %.1f ms reducing "
-                "(slowest rank %.1f), %.1f ms waited for (slowest rank %.1f)\n",
+    // MB sent: what the reducer handed the exchanges (less than the gradients' MB where it
+    // compresses); a gradient hook's own compute (powersgd's) is part of the time reducing.
+    char hook[48] = "";
+    if (s.hook.count() > 0) {
+      std::snprintf(hook, sizeof hook, ", %.1f ms of it compressing", ms(s.hook));
+    }
+    std::printf("  gradients (rank 0): %.1f MB in %llu steps, %.2f MB sent, %llu buckets, %.1f ms "
+                "reducing (slowest rank %.1f%s), %.1f ms waited for (slowest rank %.1f)\n",
                 static_cast<double>(s.bytes) / 1e6, static_cast<unsigned long long>(s.steps),
-                static_cast<unsigned long long>(s.buckets), ms(s.reducing), slowest[0],
-                ms(s.exposed), slowest[1]);
+                static_cast<double>(s.wire_bytes) / 1e6, static_cast<unsigned long long>(s.buckets),
+                ms(s.reducing), slowest[0], hook, ms(s.exposed), slowest[1]);
     std::fflush(stdout);
   }
 }

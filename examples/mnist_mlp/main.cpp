@@ -41,11 +41,13 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "../common/command_line.hpp"
 #include "../common/grad_sync_report.hpp"
 #include "../common/mnist_data.hpp"
+#include "../common/reducer_option.hpp"
 
 namespace {
 
@@ -92,9 +94,10 @@ public:
 
   // Holds pointers into the model: the model must not move while they are used.
   std::vector<parameter> parameters() {
-    return {{"fc1.weight", &w1_, &gw1_},
+    // (The weights' rows: a reducer that compresses matrices, --reducer powersgd, reads them.)
+    return {{"fc1.weight", &w1_, &gw1_, hidden_},
             {"fc1.bias", &b1_, &gb1_},
-            {"fc2.weight", &w2_, &gw2_},
+            {"fc2.weight", &w2_, &gw2_, classes},
             {"fc2.bias", &b2_, &gb2_}};
   }
 
@@ -230,6 +233,9 @@ constexpr std::string_view usage = R"(usage: mnist_mlp [options]
   --strategy NAME    reduce gradients with this strategy, chosen at run time through
                      cohort::any_communicator (naive, flat, hierarchical, two_dimensional,
                      dummy); without it, flat, chosen at compile time
+  --reducer R        how gradients are averaged: mean (default), or powersgd:RANK[:START], the
+                     weight matrices sent as rank-RANK factors after START uncompressed steps
+                     (default 0)
   --checkpoint DIR   resume from the newest checkpoint in DIR if there is one, and save one
                      every --checkpoint-every steps: killed and started again with the same
                      command, training goes on where the last checkpoint left it
@@ -239,6 +245,7 @@ constexpr std::string_view usage = R"(usage: mnist_mlp [options]
 
 using command_line::parse_value;
 using command_line::usage_error;
+using command_line::with_reducer;
 
 struct options {
   int epochs = 3;
@@ -251,6 +258,7 @@ struct options {
   std::optional<std::size_t> test_size;
   std::uint64_t seed = 1;
   std::string strategy;
+  std::string reducer = "mean";
   std::string checkpoint_dir;
   std::uint64_t checkpoint_every = 50;
   bool help = false;
@@ -314,6 +322,8 @@ options parse_options(int argc, char** argv) {
       o.seed = parse_value<std::uint64_t>(flag, value());
     } else if (flag == "--strategy") {
       o.strategy = std::string(value());
+    } else if (flag == "--reducer") {
+      o.reducer = value();
     } else if (flag == "--checkpoint") {
 #if defined(MNIST_MLP_CHECKPOINTS)
       o.checkpoint_dir = std::string(value());
@@ -341,8 +351,32 @@ mnist load_data(const options& o) {
 
 // ---- training ----------------------------------------------------------------------------------
 
-template <cohort::communicator Communicator>
-int train(const options& o, Communicator& comm) {
+#if defined(MNIST_MLP_CHECKPOINTS)
+// PowerSGD's state is the run's too: its Q (the same on every rank) and each rank's error
+// feedback go in the checkpoint, so that a resumed run continues bit for bit.
+template <class Checkpoints, class Reducer, class... State>
+auto resume(Checkpoints& checkpoints, const Reducer& reducer, State&&... state) {
+  if constexpr (std::is_same_v<Reducer, cohort::powersgd>) {
+    return checkpoints.resume(state..., cohort::powersgd_replicated(reducer),
+                              cohort::powersgd_errors(reducer));
+  } else {
+    return checkpoints.resume(state...);
+  }
+}
+
+template <class Checkpoints, class Reducer, class... State>
+void save(Checkpoints& checkpoints, const Reducer& reducer, std::uint64_t step, State&&... state) {
+  if constexpr (std::is_same_v<Reducer, cohort::powersgd>) {
+    checkpoints.save(step, state..., cohort::powersgd_replicated(reducer),
+                     cohort::powersgd_errors(reducer));
+  } else {
+    checkpoints.save(step, state...);
+  }
+}
+#endif
+
+template <cohort::communicator Communicator, cohort::reducer Reducer>
+int train(const options& o, Communicator& comm, const Reducer& reducer) {
   if (o.global_batch % static_cast<std::size_t>(comm.size()) != 0) {
     throw usage_error("--global-batch " + std::to_string(o.global_batch) +
                       " is not a multiple of the " + std::to_string(comm.size()) +
@@ -375,13 +409,16 @@ int train(const options& o, Communicator& comm) {
   // cohort change 2/4: the optimizer is wrapped. Construction copies rank 0's weights to every
   // rank, and step() replaces each rank's gradient by the mean over the ranks before stepping,
   // so that every replica takes the same step.
-  cohort::distributed_optimizer<sgd, Communicator, cohort::mean> opt{sgd{o.lr, o.momentum, params},
-                                                                     comm, params};
+  // The reducer is part of the type too: PowerSGD (--reducer powersgd:R) is chosen at compile
+  // time like the strategy, and composes with it.
+  cohort::distributed_optimizer<sgd, Communicator, Reducer> opt{
+      sgd{o.lr, o.momentum, params}, comm, params, {}, reducer};
 
   if (report) {
-    std::printf("mnist_mlp: %d rank(s), global batch %zu (%zu per rank), %zu hidden units, %s\n",
+    std::printf("mnist_mlp: %d rank(s), global batch %zu (%zu per rank), %zu hidden units, %s, "
+                "reducer %s\n",
                 comm.size(), o.global_batch, local_batch, o.hidden,
-                o.data_dir.empty() ? "synthetic data" : o.data_dir.c_str());
+                o.data_dir.empty() ? "synthetic data" : o.data_dir.c_str(), o.reducer.c_str());
     std::fflush(stdout);
   }
 
@@ -396,8 +433,8 @@ int train(const options& o, Communicator& comm) {
   cohort::data_position position;
   if (!o.checkpoint_dir.empty()) {
     checkpoints.emplace(comm, o.checkpoint_dir);
-    if (const auto resumed =
-            checkpoints->resume(params, cohort::serialized(opt.inner().velocity()), position)) {
+    if (const auto resumed = resume(*checkpoints, reducer, params,
+                                    cohort::serialized(opt.inner().velocity()), position)) {
       step = *resumed;
       epoch_begin = position.epoch;
       steps_done_in_epoch = position.step;
@@ -436,7 +473,8 @@ int train(const options& o, Communicator& comm) {
             end == train_shard.size()
                 ? cohort::data_position{static_cast<std::uint64_t>(epoch) + 1, 0}
                 : cohort::data_position{static_cast<std::uint64_t>(epoch), begin / local_batch + 1};
-        checkpoints->save(step, params, cohort::serialized(opt.inner().velocity()), position);
+        save(*checkpoints, reducer, step, params, cohort::serialized(opt.inner().velocity()),
+             position);
       }
 #endif
     }
@@ -501,7 +539,7 @@ int main(int argc, char** argv) {
     }
     if (o.strategy.empty()) {
       auto comm = cohort::make_communicator<cohort::flat>();
-      return train(o, comm);
+      return with_reducer(o.reducer, [&](const auto& reducer) { return train(o, comm, reducer); });
     }
     // Or at run time, by name (an unknown name throws on every rank, listing the known ones).
     std::optional<cohort::any_communicator> comm;
@@ -510,7 +548,7 @@ int main(int argc, char** argv) {
     } catch (const cohort::invalid_argument& e) {
       throw usage_error(std::string("--strategy: ") + e.what());
     }
-    return train(o, *comm);
+    return with_reducer(o.reducer, [&](const auto& reducer) { return train(o, *comm, reducer); });
   } catch (const usage_error& e) {
     if (world.rank() == 0) {
       std::fprintf(stderr, "mnist_mlp: %s\n\n%s", e.what(), usage.data());

@@ -34,11 +34,15 @@
 #include <string>
 #include <string_view>
 #include <torch/torch.h>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../common/command_line.hpp"
 #include "../common/grad_sync_report.hpp"
 #include "../common/mnist_data.hpp"
+#include "../common/reducer_option.hpp"
 
 namespace {
 
@@ -111,6 +115,9 @@ constexpr std::string_view usage = R"(usage: torch_mnist [options]
   --test-size N      test examples (synthetic: default 1000; MNIST: at most N)
   --seed S           seeds the data, the weights and the shuffling (default 1)
   --no-overlap       reduce at step() instead of while backward runs
+  --reducer R        mean (default), or powersgd:RANK[:START]: each weight tensor sent as rank-RANK
+                     factors of its (out channels x the rest) matrix, as DDP's powerSGD_hook,
+                     after START uncompressed steps (default 0)
   --checkpoint DIR   resume from the newest checkpoint in DIR if there is one (the module, the
                      optimizer's momentum, the position in the data), and save one every
                      --checkpoint-every steps
@@ -131,6 +138,7 @@ struct options {
   std::optional<std::size_t> test_size;
   std::uint64_t seed = 1;
   bool overlap = true;
+  std::string reducer = "mean";
   std::string checkpoint_dir;
   std::uint64_t checkpoint_every = 50;
   bool help = false;
@@ -166,6 +174,8 @@ options parse_options(int argc, char** argv) {
       o.seed = parse_value<std::uint64_t>(flag, value());
     } else if (flag == "--no-overlap") {
       o.overlap = false;
+    } else if (flag == "--reducer") {
+      o.reducer = value();
     } else if (flag == "--checkpoint") {
 #if defined(TORCH_MNIST_CHECKPOINTS)
       o.checkpoint_dir = value();
@@ -190,7 +200,23 @@ options parse_options(int argc, char** argv) {
 
 // ---- training ----------------------------------------------------------------------------------
 
-int train(const options& o, cohort::flat& comm) {
+#if defined(TORCH_MNIST_CHECKPOINTS)
+// PowerSGD's state (its Q and this rank's error feedback) is part of the run, as the optimizer's.
+// (References to the caller's state, which lives until the end of the call's full expression.)
+template <class Reducer, class... State>
+auto with_reducer_state(const Reducer& reducer, State&&... state) {
+  if constexpr (std::is_same_v<Reducer, cohort::powersgd>) {
+    return std::tuple<State&&..., cohort::powersgd_replicated_ref, cohort::powersgd_errors_ref>(
+        std::forward<State>(state)..., cohort::powersgd_replicated(reducer),
+        cohort::powersgd_errors(reducer));
+  } else {
+    return std::tuple<State&&...>(std::forward<State>(state)...);
+  }
+}
+#endif
+
+template <cohort::reducer Reducer>
+int train(const options& o, cohort::flat& comm, const Reducer& reducer) {
   if (o.global_batch % static_cast<std::size_t>(comm.size()) != 0) {
     throw usage_error("--global-batch " + std::to_string(o.global_batch) +
                       " is not a multiple of the " + std::to_string(comm.size()) + " ranks");
@@ -227,12 +253,14 @@ int train(const options& o, cohort::flat& comm) {
       torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum)),
       comm,
       *model,
-      {.overlap = o.overlap}};
+      {.overlap = o.overlap},
+      reducer};
 
   if (report) {
-    std::printf("torch_mnist: %d rank(s), global batch %zu (%zu per rank), overlap %s, %s\n",
+    std::printf("torch_mnist: %d rank(s), global batch %zu (%zu per rank), overlap %s, %s, "
+                "reducer %s\n",
                 comm.size(), o.global_batch, local_batch, o.overlap ? "on" : "off",
-                o.data_dir.empty() ? "synthetic data" : o.data_dir.c_str());
+                o.data_dir.empty() ? "synthetic data" : o.data_dir.c_str(), o.reducer.c_str());
     std::fflush(stdout);
   }
 
@@ -246,9 +274,10 @@ int train(const options& o, cohort::flat& comm) {
   if (!o.checkpoint_dir.empty()) {
     checkpoints.emplace(comm, o.checkpoint_dir);
     if (const auto resumed =
-            checkpoints->resume(cohort::torch::module_state(*model),
-                                cohort::torch::optimizer_state(opt.inner(), *model), position,
-                                cohort::bucket_orders(comm))) {
+            std::apply([&](auto&&... state) { return checkpoints->resume(state...); },
+                       with_reducer_state(reducer, cohort::torch::module_state(*model),
+                                          cohort::torch::optimizer_state(opt.inner(), *model),
+                                          position, cohort::bucket_orders(comm)))) {
       step = *resumed;
       epoch_begin = position.epoch;
       steps_done_in_epoch = position.step;
@@ -288,9 +317,10 @@ int train(const options& o, cohort::flat& comm) {
         position = last ? cohort::data_position{static_cast<std::uint64_t>(epoch) + 1, 0}
                         : cohort::data_position{static_cast<std::uint64_t>(epoch),
                                                 begin / local_batch + 1};
-        checkpoints->save(step, cohort::torch::module_state(*model),
-                          cohort::torch::optimizer_state(opt.inner(), *model), position,
-                          cohort::bucket_orders(comm));
+        std::apply([&](auto&&... state) { checkpoints->save(step, state...); },
+                   with_reducer_state(reducer, cohort::torch::module_state(*model),
+                                      cohort::torch::optimizer_state(opt.inner(), *model), position,
+                                      cohort::bucket_orders(comm)));
       }
 #endif
     }
@@ -353,7 +383,8 @@ int main(int argc, char** argv) {
     auto comm = cohort::make_communicator<cohort::flat>();
     // The ranks of a node share its cores; with overlap, cohort's thread needs one too.
     torch::set_num_threads(cohort::torch::intra_op_threads(comm.intra_size(), o.overlap));
-    return train(o, comm);
+    return command_line::with_reducer(o.reducer,
+                                      [&](const auto& reducer) { return train(o, comm, reducer); });
   } catch (const usage_error& e) {
     std::fprintf(stderr, "torch_mnist: %s\n%s", e.what(), usage.data());
     return 2;

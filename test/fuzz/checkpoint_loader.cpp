@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for what cohort reads from a checkpoint: the manifest's text, and the state's
-// bytes loaded into parameters, a random engine, a data position and bucket orders. Whatever the
+// bytes loaded into parameters, a random engine, a data position, bucket orders and PowerSGD's
+// state (its replicated part and this rank's errors). Whatever the
 // bytes, the loader must end in a `checkpoint_error` or in success: never a crash, a leak, a
 // sanitizer report, or an allocation the bytes did not pay for. (Boost.Serialization values are
 // Boost's format and are left out: see docs/checkpoints.md.) Built and run by tools/fuzz.sh.
@@ -9,6 +10,7 @@
 // state's bytes, or both scopes (a 4-byte length of the replicated part first).
 #include <cohort/checkpoint/bucket_orders.hpp>
 #include <cohort/checkpoint/manifest.hpp>
+#include <cohort/checkpoint/powersgd.hpp>
 #include <cohort/checkpoint/state_io.hpp>
 #include <cohort/tensor/std.hpp>
 
@@ -44,6 +46,24 @@ struct state {
   std::mt19937 engine{7};
   cohort::data_position position;
   order_keeper keeper;
+  cohort::powersgd psgd{{.rank = 2}};
+
+  state() {
+    // One parameter set with one compressed 4 x 3 gradient: the loader's every field is seeded.
+    cohort::powersgd_slot_record slot{.slot = 0,
+                                      .name = "w",
+                                      .type = cohort::dtype::float32,
+                                      .n = 4,
+                                      .m = 3,
+                                      .r = 2,
+                                      .compressed = true,
+                                      .q_ready = true,
+                                      .q = std::vector<std::byte>(2 * 3 * 4),
+                                      .e = {}};
+    psgd.state()->restore({{42, 7, {slot}}}, false);
+    slot.e.assign(4 * 3 * 4, std::byte{1});
+    psgd.state()->restore({{42, 7, {slot}}}, true);
+  }
 };
 
 // An empty state of rank 0's: the fuzzer's bytes go to the other scopes.
@@ -53,9 +73,11 @@ const std::vector<std::byte> no_root =
 void load(std::span<const std::byte> replicated, std::optional<std::span<const std::byte>> own) {
   state s;
   auto orders = cohort::bucket_orders(s.keeper);
+  auto psgd = cohort::powersgd_replicated(s.psgd);
+  auto errors = cohort::powersgd_errors(s.psgd);
   try {
     cohort::checkpoint::deserialize(replicated, no_root, own, "fuzz", 3, {2, 2, 1}, s.ws, s.engine,
-                                    s.position, s.bs, orders);
+                                    s.position, s.bs, orders, psgd, errors);
   } catch (const cohort::checkpoint_error&) {
   }
 }
@@ -141,10 +163,12 @@ int main(int argc, char** argv) {
   state s;
   using cohort::state_scope;
   const auto shared = cohort::checkpoint::serialize<state_scope::replicated>(
-                          3, s.ws, s.engine, s.position, s.bs, cohort::bucket_orders(s.keeper))
+                          3, s.ws, s.engine, s.position, s.bs, cohort::bucket_orders(s.keeper),
+                          cohort::powersgd_replicated(s.psgd), cohort::powersgd_errors(s.psgd))
                           .contiguous();
   const auto own = cohort::checkpoint::serialize<state_scope::per_rank>(
-                       3, s.ws, s.engine, s.position, s.bs, cohort::bucket_orders(s.keeper))
+                       3, s.ws, s.engine, s.position, s.bs, cohort::bucket_orders(s.keeper),
+                       cohort::powersgd_replicated(s.psgd), cohort::powersgd_errors(s.psgd))
                        .contiguous();
   write("replicated", 1, shared, std::nullopt);
   write("both", 2, shared, std::span<const std::byte>(own));
