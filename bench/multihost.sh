@@ -11,8 +11,14 @@
 #   grad_sync-2x2   bench/grad_sync: ResNet-50's gradients (25.6 M parameters, 161 tensors)
 #   torch_mlp-HxK   bench/torch_mlp (2x1, 2x2) (cohort blocking, overlapped) beside PyTorch DDP (gloo) on
 #                   the same hosts: the step time, rounds taking turns
+#   powersgd-HxK    issue 35 (2x2, 4x1): ResNet-50's gradients, bench/powersgd (mean, float16,
+#                   PowerSGD) and bench/powersgd_ddp.py (DDP, its fp16 and PowerSGD hooks) one after
+#                   the other on the same hosts, and the bytes the links carried per step (tc's
+#                   side: what every host sent, headers included); then bench/torch_mlp with
+#                   PowerSGD rank 4 beside DDP with powerSGD_hook rank 4, rounds taking turns
 #
-#   bench/multihost.sh [--build DIR] [--iters N] [--rounds N] [--only allreduce|grad_sync|torch_mlp]
+#   bench/multihost.sh [--build DIR] [--iters N] [--rounds N]
+#                      [--only allreduce|grad_sync|torch_mlp|powersgd]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
@@ -25,7 +31,7 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    *) sed -n '3,16p' "${BASH_SOURCE[0]}"; exit 2 ;;
+    *) sed -n '3,22p' "${BASH_SOURCE[0]}"; exit 2 ;;
   esac
 done
 cluster=$root/tools/cluster.sh
@@ -118,5 +124,91 @@ if [ -z "$only" ] || [ "$only" = torch_mlp ]; then
         echo "cohort $row / DDP: $(quotient "$(median "${samples[$row]}")" "$(median "${samples[ddp]}")")"
       done
     } | tee "$out"
+  done
+fi
+
+if [ "$only" = powersgd ]; then
+  # The bytes every host sent while COMMAND ran, per step of it (STEPS).
+  link_mb_per_step() { # STEPS COMMAND...
+    local steps=$1 before after
+    shift
+    before=$("$cluster" bytes)
+    "$@" >/dev/null
+    after=$("$cluster" bytes)
+    awk -v b="$before" -v a="$after" -v s="$steps" 'BEGIN {printf "%.3f", (a - b) / s / 1e6}'
+  }
+  ddp_env=(-x MASTER_ADDR=10.232.0.1 -x GLOO_SOCKET_IFNAME=eth0)
+  for shape in ${POWERSGD_SHAPES:-2x2 4x1}; do
+    hosts=${shape%x*} per_host=${shape#*x}
+    with_hosts "$hosts"
+    out=$results/multihost-powersgd-$shape.txt
+    {
+      echo "# bench/multihost.sh: $hosts hosts x $per_host ranks, links $rate; ResNet-50's gradients; 2 cores for all the hosts"
+      "$cluster" run "$per_host" "$build/bench/bench_powersgd" --iters "$iters"
+      echo "# PyTorch $("$python" -c 'import torch; print(torch.__version__)') DDP (gloo) on the same hosts, right after (bench/powersgd_ddp.py): ms per step"
+      echo "# (zero_grad, forward, backward with the reduction), sync = that minus the step under no_sync(),"
+      echo "# values sent per step as PyTorch counts them (compression_stats)"
+      printf '# %-12s %10s %10s %14s %14s\n' row "step(ms)" "sync(ms)" "values sent" "of values"
+      "$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi \
+        --iters "$iters" | awk '/^ddp-psgd/ {printf "  %-12s %10s %10s %14s %14s\n", $2, $3, $4, $5, $6}'
+      echo "# the links: MB all hosts sent per step, headers included (tools/cluster.sh bytes), one run each"
+      # bench_powersgd: one checked run, then --iters timed; powersgd_ddp.py: --warmup 3, then
+      # --iters steps that reduce (and as many under no_sync() that do not).
+      cohort_steps=$((iters + 1)) ddp_steps=$((iters + 3))
+      printf '  %-44s %s\n' "cohort mean" \
+        "$(link_mb_per_step "$cohort_steps" "$cluster" run "$per_host" "$build/bench/bench_powersgd" --iters "$iters" --only "mean, flat")"
+      printf '  %-44s %s\n' "cohort powersgd rank 4 (4 MiB buckets)" \
+        "$(link_mb_per_step "$cohort_steps" "$cluster" run "$per_host" "$build/bench/bench_powersgd" --iters "$iters" --only "rank 4, flat, 4")"
+      printf '  %-44s %s\n' "DDP (25 MiB buckets)" \
+        "$(link_mb_per_step "$ddp_steps" "$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --iters "$iters" --rows mean)"
+      printf '  %-44s %s\n' "DDP powerSGD_hook rank 4" \
+        "$(link_mb_per_step "$ddp_steps" "$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --iters "$iters" --rows powersgd4)"
+    } | tee "$out"
+  done
+
+  median() { tr ' ' '\n' <<<"$1" | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+  for shape in ${TORCH_SHAPES:-2x1 2x2}; do
+    hosts=${shape%x*} per_host=${shape#*x}
+    ranks=$((hosts * per_host))
+    with_hosts "$hosts"
+    out=$results/multihost-powersgd-torch_mlp-$shape.txt
+    declare -A samples=() links=()
+    rows=(blocking overlap psgd-blocking psgd-overlap ddp ddp-psgd)
+    for ((r = 1; r <= rounds; r++)); do
+      for row in "${rows[@]}"; do
+        before=$("$cluster" bytes)
+        case "$row" in
+          ddp) output=$("$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/torch_mlp_ddp.py" --from-mpi) ;;
+          ddp-psgd) output=$("$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/torch_mlp_ddp.py" --from-mpi --powersgd 4) ;;
+          psgd-*) output=$("$cluster" run "$per_host" "$build/bench/bench_torch_mlp" --mode "${row#psgd-}" --powersgd 4) ;;
+          *) output=$("$cluster" run "$per_host" "$build/bench/bench_torch_mlp" --mode "$row") ;;
+        esac
+        after=$("$cluster" bytes)
+        samples[$row]+=" $(grep -E '^(ddp|torch_mlp) ' <<<"$output" | awk '{print $NF}')"
+        # Every run: 10 warm-up steps and 5 repetitions of 20 (the scripts' defaults).
+        links[$row]+=" $(awk -v b="$before" -v a="$after" 'BEGIN {printf "%.4f", (a - b) / 110 / 1e6}')"
+      done
+    done
+    {
+      echo "# bench/multihost.sh: $hosts hosts x $per_host ranks, links $rate; the MLP 784-1024-1024-10 of"
+      echo "# bench/torch_mlp (7.4 MB of gradients), batch 128 per rank, one intra-op thread per rank;"
+      echo "# BLAS: $blas; 2 cores for all the hosts; PowerSGD rank 4 from step 2 (min_compression_rate 2)"
+      echo "# each row: the median over $rounds rounds (rows taking turns) of each run's median repetition;"
+      echo "# link: MB all hosts sent per step (tools/cluster.sh bytes over the run's 110 steps, headers included)"
+      printf '%-44s %12s %10s\n' "row" "ms per step" "link MB"
+      for row in "${rows[@]}"; do
+        case "$row" in
+          ddp) label="PyTorch DDP (gloo)" ;;
+          ddp-psgd) label="PyTorch DDP (gloo), powerSGD_hook rank 4" ;;
+          psgd-*) label="cohort ${row#psgd-}, powersgd rank 4" ;;
+          *) label="cohort $row, mean" ;;
+        esac
+        printf '%-44s %12.2f %10.3f\n' "$label, $ranks ranks" "$(median "${samples[$row]}")" "$(median "${links[$row]}")"
+      done
+      for row in psgd-blocking psgd-overlap; do
+        echo "cohort ${row#psgd-} powersgd / DDP powersgd: $(awk -v a="$(median "${samples[$row]}")" -v b="$(median "${samples[ddp-psgd]}")" 'BEGIN {printf "%.2f", a / b}')"
+      done
+    } | tee "$out"
+    unset samples links
   done
 fi

@@ -19,12 +19,13 @@ struct resnet50 {
   struct tensor {
     std::string name;
     std::size_t count;
+    std::size_t rows = 0; // as DDP's hooks see a weight: out channels x the rest; 0: a vector
   };
   std::vector<tensor> tensors;
 
   resnet50() {
     const auto conv = [&](const std::string& name, std::size_t in, std::size_t out, std::size_t k) {
-      tensors.push_back({name + ".weight", out * in * k * k});
+      tensors.push_back({name + ".weight", out * in * k * k, out});
     };
     const auto norm = [&](const std::string& name, std::size_t channels) {
       tensors.push_back({name + ".weight", channels});
@@ -51,7 +52,7 @@ struct resnet50 {
         in = width * 4;
       }
     }
-    tensors.push_back({"fc.weight", 1000 * 2048});
+    tensors.push_back({"fc.weight", 1000 * 2048, 1000});
     tensors.push_back({"fc.bias", 1000});
   }
 };
@@ -60,10 +61,15 @@ struct resnet50 {
 template <class Allocator = std::allocator<float>>
 basic_gradient_set<Allocator> resnet50_gradients(const Allocator& allocator = Allocator()) {
   std::vector<std::pair<std::string, std::size_t>> tensors;
-  for (const auto& t : resnet50().tensors) {
+  const resnet50 model;
+  for (const auto& t : model.tensors) {
     tensors.emplace_back(t.name, t.count);
   }
-  return basic_gradient_set<Allocator>(tensors, allocator);
+  basic_gradient_set<Allocator> set(tensors, allocator);
+  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+    set.params[i].rows = model.tensors[i].rows; // (read by powersgd only)
+  }
+  return set;
 }
 
 } // namespace bench

@@ -52,6 +52,7 @@ struct settings {
   int reps = 5;
   int warmup = 10;
   int batch = 128;
+  int powersgd = 0; // PowerSGD's rank (0: the mean), compressed after 2 steps as DDP's hook is
 };
 
 // The median over repetitions of the time per step, in milliseconds. `barrier` lines the ranks
@@ -96,11 +97,11 @@ torch::optim::SGD sgd(mlp& model) {
   return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
 }
 
-template <class Communicator>
-double run_cohort(const settings& s, Communicator& comm, bool overlap) {
+template <class Communicator, class Reducer = cohort::mean>
+double run_cohort(const settings& s, Communicator& comm, bool overlap, Reducer reducer = {}) {
   torch::manual_seed(1);
   mlp model;
-  cohort::torch::distributed_optimizer opt{sgd(model), comm, *model, {.overlap = overlap}};
+  cohort::torch::distributed_optimizer opt{sgd(model), comm, *model, {.overlap = overlap}, reducer};
   return time_training(s, model, opt, comm.rank(), [&] { comm.mpi_comm().barrier(); });
 }
 
@@ -128,6 +129,8 @@ settings parse(int argc, char** argv) {
       s.warmup = std::stoi(value);
     } else if (flag == "--batch") {
       s.batch = std::stoi(value);
+    } else if (flag == "--powersgd") {
+      s.powersgd = std::stoi(value);
     } else {
       throw std::invalid_argument("unknown option " + std::string(flag));
     }
@@ -165,7 +168,15 @@ int main(int argc, char** argv) {
       auto comm = cohort::make_communicator<cohort::flat>();
       ranks = comm.size();
       report = comm.rank() == 0;
-      ms = run_cohort(s, comm, s.mode == "overlap");
+      ms = s.powersgd == 0 ? run_cohort(s, comm, s.mode == "overlap")
+                           : run_cohort(s, comm, s.mode == "overlap",
+                                        cohort::powersgd({.rank = s.powersgd, .start_step = 2}));
+      // What this rank handed its exchanges per step (the warm-up's first two steps included).
+      const cohort::grad_sync_stats stats = comm.take_grad_sync_stats();
+      if (report && stats.steps > 0) {
+        std::printf("torch_mlp-wire %s %d %.0f\n", s.mode.c_str(), ranks,
+                    static_cast<double>(stats.wire_bytes) / static_cast<double>(stats.steps));
+      }
     }
     if (report) {
       std::printf("torch_mlp %s %d %.3f\n", s.mode.c_str(), ranks, ms);

@@ -33,6 +33,14 @@ def worker(rank, args, port, results):
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(1)
     model = nn.parallel.DistributedDataParallel(mlp())
+    state = None
+    if args.powersgd > 0:
+        # DDP's own PowerSGD, as cohort's rows use it: rank R, compressed from step 2, error
+        # feedback and warm start (the defaults), min_compression_rate 2.
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd,
+                                   start_powerSGD_iter=2, min_compression_rate=2)
+        model.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(100 + rank)
     x = torch.rand(args.batch, 784)
@@ -54,6 +62,14 @@ def worker(rank, args, port, results):
         dist.barrier()
         per_step.append((time.perf_counter() - start) * 1000 / args.steps)
     if rank == 0:
+        if state is not None:
+            # What PyTorch itself counts (elements before and after compression, per step, the
+            # compressed steps only), in float32 bytes.
+            before, after = (state.total_numel_before_compression,
+                             state.total_numel_after_compression)
+            steps = max(1, state.iter - state.start_powerSGD_iter)
+            print(f"ddp-wire {args.ranks} {4 * after / steps:.0f} (of {4 * before / steps:.0f})",
+                  flush=True)
         results.put(statistics.median(per_step))
     dist.destroy_process_group()
 
@@ -67,6 +83,8 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--port", type=int, default=29571)
     parser.add_argument("--from-mpi", action="store_true")
+    parser.add_argument("--powersgd", type=int, default=0,
+                        help="register DDP's powerSGD_hook at this rank (0: none)")
     args = parser.parse_args()
     if args.from_mpi:
         rank = int(os.environ["OMPI_COMM_WORLD_RANK"])

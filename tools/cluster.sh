@@ -20,6 +20,8 @@
 #   tools/cluster.sh cut HOST | mend HOST          take HOST's link down, or up again
 #   tools/cluster.sh rate HOST R                   reshape HOST's link (both directions) to R
 #   tools/cluster.sh status                        the hosts, their links and their processes
+#   tools/cluster.sh bytes                         the bytes every host has sent on its link so
+#                                                  far, all hosts together (headers included)
 #
 # COHORT_CLUSTER_NAME (default cohort) names the state directory, bridge and namespaces, so that
 # two clusters can coexist; COHORT_CLUSTER_SUBNET (default 10.231.0) is its /24 subnet.
@@ -218,6 +220,16 @@ status() {
   done
 }
 
+# What the hosts sent into the bridge: the root side's received bytes, summed over the links.
+sent_bytes() {
+  require_up
+  local host total=0
+  for host in $(hosts); do
+    total=$((total + $(cat "/sys/class/net/$(veth_of "$host")/statistics/rx_bytes")))
+  done
+  echo "$total"
+}
+
 command=${1:-}
 [ $# -gt 0 ] && shift
 case "$command" in
@@ -258,5 +270,6 @@ case "$command" in
     shape eth0 "$2" "$(cat "$state/delay")" "$(netns_of "$1")"
     ;;
   status) status ;;
-  *) sed -n '3,25p' "$self" | sed 's/^# \{0,1\}//'; [ -z "$command" ] || exit 2 ;;
+  bytes) sent_bytes ;;
+  *) sed -n '3,27p' "$self" | sed 's/^# \{0,1\}//'; [ -z "$command" ] || exit 2 ;;
 esac
