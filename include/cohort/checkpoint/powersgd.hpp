@@ -142,11 +142,12 @@ inline void load_powersgd(checkpoint::byte_reader& in, const powersgd& hook, boo
       s.q_ready = in.get<std::uint8_t>("whether Q is set") != 0;
       const std::span<const std::byte> block = in.get_block(errors ? "an error" : "a Q");
       const std::uint64_t width = size_of(s.type);
-      const bool sized = s.r <= s.n && s.r <= s.m &&
-                         (errors ? s.m != 0 && s.n <= block.size() / width / s.m &&
-                                       block.size() == s.n * s.m * width
-                                 : s.m != 0 && s.r <= block.size() / width / s.m &&
-                                       block.size() == s.r * s.m * width);
+      // (Empty: none kept, as without error feedback; the gradient starts that part afresh.)
+      const bool fits =
+          errors
+              ? s.m != 0 && s.n <= block.size() / width / s.m && block.size() == s.n * s.m * width
+              : s.m != 0 && s.r <= block.size() / width / s.m && block.size() == s.r * s.m * width;
+      const bool sized = block.empty() || (s.r <= s.n && s.r <= s.m && fits);
       if (!sized) {
         in.fail(errors ? "an error" : "a Q",
                 "of parameter '" + s.name + "' holds " + std::to_string(block.size()) +

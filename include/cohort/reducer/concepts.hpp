@@ -47,6 +47,9 @@ concept reducer = std::copy_constructible<R> && requires(const R& r, dtype type,
 //! - `void reduce(const hook_bucket&)`: one bucket, in place, after the agreement (on the
 //!   caller's thread, or on cohort's with overlap; never two buckets of one layout at once);
 //! - `void step_ended(std::uint64_t layout)`: the step's reduction completed on every rank.
+//! Calls for one layout never overlap; calls for different layouts may (two optimizers sharing
+//! a handle, a `prepare` on the caller's thread while cohort's reduces another's bucket), so a
+//! state that serves several parameter sets keys its state by layout and guards it.
 template <class H>
 concept gradient_hook = reducer<H> && requires(const H& h) {
   typename H::state_type;

@@ -14,10 +14,13 @@
 #include <cohort/tensor/tensor_view.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -56,6 +59,9 @@ struct powersgd_stats {
   std::uint64_t values_before = 0;      //!< gradient elements the hook reduced
   std::uint64_t values_sent = 0;        //!< elements its exchanges carried
   std::uint64_t compressed_tensors = 0; //!< gradients compressed, counted at each step
+  //! Of its compute (grad_sync_stats::hook), the time orthogonalizing P and Q; the rest is the
+  //! matrix products, the error feedback and the copies.
+  std::chrono::nanoseconds orthogonalizing{0};
 };
 
 //! One gradient's state, as a checkpoint keeps it.
@@ -145,11 +151,8 @@ public:
 
   void sign(std::uint64_t key, hook_signature& s) const {
     const std::shared_ptr<layout> state = find(key, /*create=*/false);
-    std::uint64_t steps = 0;
-    if (state != nullptr) {
-      const std::lock_guard lock(state->mutex);
-      steps = state->steps;
-    }
+    // (Without the layout's lock, which a bucket's exchanges may hold on cohort's thread.)
+    const std::uint64_t steps = state != nullptr ? state->steps.load() : 0;
     s.add("PowerSGD rank", static_cast<std::uint64_t>(options_.rank))
         .add("PowerSGD start_step", options_.start_step)
         .add("PowerSGD min_compression_rate", options_.min_compression_rate)
@@ -171,19 +174,27 @@ public:
     std::uint64_t before = 0;
     for (const hook_tensor& t : b.tensors()) {
       before += t.grad.count;
+      if (t.slot >= state->slots.size() || !state->slots[t.slot].known) {
+        throw invalid_argument("cohort: powersgd on rank " + std::to_string(b.rank()) +
+                               ": its state was restored while a step was reducing parameter '" +
+                               std::string(t.name) +
+                               "' (finish() the step before resuming a checkpoint)");
+      }
     }
     if (state->steps < options_.start_step) {
       b.reduce_plain();
-      count(before, before, 0);
+      count(before, before, 0, {});
       return;
     }
-    const std::uint64_t sent =
-        b.type() == dtype::float64 ? compress<double>(b, *state) : compress<float>(b, *state);
+    std::chrono::steady_clock::duration orthogonalizing{};
+    const std::uint64_t sent = b.type() == dtype::float64
+                                   ? compress<double>(b, *state, orthogonalizing)
+                                   : compress<float>(b, *state, orthogonalizing);
     std::uint64_t compressed = 0;
     for (const hook_tensor& t : b.tensors()) {
       compressed += state->slots[t.slot].compressed ? 1 : 0;
     }
-    count(before, sent, compressed);
+    count(before, sent, compressed, orthogonalizing);
   }
 
   void step_ended(std::uint64_t key) {
@@ -310,7 +321,7 @@ private:
 
   struct layout {
     std::uint64_t key = 0;
-    std::uint64_t steps = 0;
+    std::atomic<std::uint64_t> steps{0}; // (written under mutex)
     std::uint64_t used = 0;
     std::vector<slot> slots; // by index in the parameter set
     // Restored from a checkpoint, adopted by their gradients at the next prepare.
@@ -384,11 +395,17 @@ private:
 
   // One bucket of a compressed step; returns the values its exchanges carried.
   template <class T>
-  std::uint64_t compress(const hook_bucket& b, layout& state) const {
+  std::uint64_t compress(const hook_bucket& b, layout& state,
+                         std::chrono::steady_clock::duration& orthogonalizing) const {
+    using clock = std::chrono::steady_clock;
+    const auto orthogonalize = [&](T* v, std::size_t r, std::size_t len) {
+      const auto start = clock::now();
+      kernels::lowrank::orthogonalize(v, r, len, options_.orthogonalization_epsilon, r > 2 ? 2 : 1);
+      orthogonalizing += clock::now() - start;
+    };
     T* const a = reinterpret_cast<T*>(state.a.data());
     T* const q_sum = reinterpret_cast<T*>(state.b.data());
     const T inverse = static_cast<T>(1.0 / static_cast<double>(b.ranks()));
-    const int passes = options_.rank > 2 ? 2 : 1;
     // The uncompressed gradients first, then each compressed one's P = (M + E) Q.
     std::size_t at = 0;
     for (const hook_tensor& t : b.tensors()) {
@@ -414,15 +431,28 @@ private:
       T* const q = reinterpret_cast<T*>(s.q.data());
       if (!s.q_ready || !options_.warm_start) {
         kernels::lowrank::fill_uniform(q, s.r * s.m, options_.seed,
-                                       (t.slot << 20) ^ (options_.warm_start ? 0 : state.steps));
+                                       (t.slot << 20) ^
+                                           (options_.warm_start ? 0 : state.steps.load()));
         s.q_ready = true;
       }
-      kernels::lowrank::orthogonalize(q, s.r, s.m, options_.orthogonalization_epsilon, passes);
+      orthogonalize(q, s.r, s.m);
+      // A column of Q that is zero (the last step's gradient had nothing in its direction: a
+      // zero gradient, a frozen layer) would stay zero with a warm start, and the parameter would
+      // never train again: it is drawn afresh, from what every rank shares (the seed, the
+      // parameter, the step), so Q stays the same on every rank.
+      if (reseed_zero_columns(q, s.r, s.m, t.slot, state.steps.load())) {
+        orthogonalize(q, s.r, s.m);
+      }
       kernels::lowrank::project(m, s.n, s.m, q, s.r, a + at);
       at += s.n * s.r;
     }
     b.allreduce(tensor_view{a, at, b.type(), memory_location::host}, reduce_op::sum);
     std::uint64_t sent = at;
+    // A gradient that was not finite on some rank (a loss scaler's overflow): the sum is the
+    // same on every rank, so every rank sees it, writes NaN over the compressed gradients (the
+    // uncompressed ones get their mean, inf or NaN as it is) for the scaler to skip the step, and
+    // leaves the errors and Q as they were, so that the steps after are not poisoned.
+    const bool finite = std::all_of(a, a + at, [](T x) { return std::isfinite(x); });
     at = 0;
     for (const hook_tensor& t : b.tensors()) {
       if (!state.slots[t.slot].compressed) {
@@ -432,6 +462,15 @@ private:
         }
         at += t.grad.count;
       }
+    }
+    if (!finite) {
+      for (const hook_tensor& t : b.tensors()) {
+        if (state.slots[t.slot].compressed) {
+          T* g = static_cast<T*>(t.grad.data);
+          std::fill(g, g + t.grad.count, std::numeric_limits<T>::quiet_NaN());
+        }
+      }
+      return sent;
     }
     // P̂ = orth(Σ P); this rank's Q = Mᵀ P̂; its error (I − P̂P̂ᵀ) M = M − P̂ Qᵀ.
     at = uncompressed;
@@ -443,7 +482,7 @@ private:
       }
       T* const p = a + at;
       const T* m = static_cast<const T*>(t.grad.data);
-      kernels::lowrank::orthogonalize(p, s.r, s.n, options_.orthogonalization_epsilon, passes);
+      orthogonalize(p, s.r, s.n);
       kernels::lowrank::back_project(m, s.n, s.m, p, s.r, q_sum + q_at);
       if (!s.e.empty()) {
         kernels::lowrank::outer(m, s.n, s.m, p, q_sum + q_at, s.r,
@@ -476,8 +515,26 @@ private:
     return sent;
   }
 
-  void count(std::uint64_t before, std::uint64_t sent, std::uint64_t compressed) {
+  // Draws afresh each column of Qᵀ (r rows of m) that is all zeros; returns whether any was.
+  template <class T>
+  bool reseed_zero_columns(T* qt, std::size_t r, std::size_t m, std::size_t slot,
+                           std::uint64_t step) const {
+    bool any = false;
+    for (std::size_t k = 0; k < r; ++k) {
+      T* column = qt + k * m;
+      if (std::all_of(column, column + m, [](T x) { return x == T{0}; })) {
+        kernels::lowrank::fill_uniform(column, m, options_.seed,
+                                       kernels::lowrank::splitmix64((slot << 20) ^ k) ^ step);
+        any = true;
+      }
+    }
+    return any;
+  }
+
+  void count(std::uint64_t before, std::uint64_t sent, std::uint64_t compressed,
+             std::chrono::steady_clock::duration orthogonalizing) {
     const std::lock_guard lock(stats_mutex_);
+    stats_.orthogonalizing += std::chrono::duration_cast<std::chrono::nanoseconds>(orthogonalizing);
     stats_.values_before += before;
     stats_.values_sent += sent;
     stats_.compressed_tensors += compressed;
@@ -489,11 +546,12 @@ private:
   }
 
   // Under mutex_. (A layout forgotten while a step uses it lives on until that step is done.)
+  // Only `create` (prepare, on the caller's thread, in the order of the steps: the same on every
+  // rank) counts as a use, so that every rank forgets the same layout.
   std::shared_ptr<layout> find_locked(std::uint64_t key, bool create) const {
-    ++clock_;
     for (const auto& l : layouts_) {
       if (l->key == key) {
-        l->used = clock_;
+        l->used = create ? ++clock_ : l->used;
         return l;
       }
     }
@@ -507,7 +565,7 @@ private:
     }
     auto l = std::make_shared<layout>();
     l->key = key;
-    l->used = clock_;
+    l->used = ++clock_;
     layouts_.push_back(l);
     return l;
   }
