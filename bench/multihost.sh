@@ -128,41 +128,45 @@ if [ -z "$only" ] || [ "$only" = torch_mlp ]; then
 fi
 
 if [ "$only" = powersgd ]; then
-  # The bytes every host sent while COMMAND ran, per step of it (STEPS).
-  link_mb_per_step() { # STEPS COMMAND...
-    local steps=$1 before after
-    shift
-    before=$("$cluster" bytes)
-    "$@" >/dev/null
-    after=$("$cluster" bytes)
-    awk -v b="$before" -v a="$after" -v s="$steps" 'BEGIN {printf "%.3f", (a - b) / s / 1e6}'
+  # The bytes every host sent per step of COMMAND: run with ARG A and with ARG B (what the
+  # program's step count grows by: STEPS per unit), the difference over the steps it added, so
+  # that start-up, warm-up (DDP's uncompressed first steps) and timing barriers cancel.
+  link_mb_per_step() { # ARG STEPS COMMAND...
+    local arg=$1 steps=$2 b0 b1 b2
+    shift 2
+    b0=$("$cluster" bytes)
+    "$@" "$arg" 1 >/dev/null 2>&1
+    b1=$("$cluster" bytes)
+    "$@" "$arg" 3 >/dev/null 2>&1
+    b2=$("$cluster" bytes)
+    awk -v a="$b0" -v b="$b1" -v c="$b2" -v s="$steps" \
+      'BEGIN {printf "%.3f", ((c - b) - (b - a)) / (2 * s) / 1e6}'
   }
   ddp_env=(-x MASTER_ADDR=10.232.0.1 -x GLOO_SOCKET_IFNAME=eth0)
   for shape in ${POWERSGD_SHAPES:-2x2 4x1}; do
     hosts=${shape%x*} per_host=${shape#*x}
     with_hosts "$hosts"
     out=$results/multihost-powersgd-$shape.txt
+    run=("$cluster" run "$per_host")
     {
       echo "# bench/multihost.sh: $hosts hosts x $per_host ranks, links $rate; ResNet-50's gradients; 2 cores for all the hosts"
-      "$cluster" run "$per_host" "$build/bench/bench_powersgd" --iters "$iters"
+      "${run[@]}" "$build/bench/bench_powersgd" --iters "$iters" 2>/dev/null
       echo "# PyTorch $("$python" -c 'import torch; print(torch.__version__)') DDP (gloo) on the same hosts, right after (bench/powersgd_ddp.py): ms per step"
       echo "# (zero_grad, forward, backward with the reduction), sync = that minus the step under no_sync(),"
-      echo "# values sent per step as PyTorch counts them (compression_stats)"
+      echo "# values sent per step as PyTorch counts them (compression_stats); PowerSGD in one bucket (see the script)"
       printf '# %-12s %10s %10s %14s %14s\n' row "step(ms)" "sync(ms)" "values sent" "of values"
-      "$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi \
-        --iters "$iters" | awk '/^ddp-psgd/ {printf "  %-12s %10s %10s %14s %14s\n", $2, $3, $4, $5, $6}'
-      echo "# the links: MB all hosts sent per step, headers included (tools/cluster.sh bytes), one run each"
-      # bench_powersgd: one checked run, then --iters timed; powersgd_ddp.py: --warmup 3, then
-      # --iters steps that reduce (and as many under no_sync() that do not).
-      cohort_steps=$((iters + 1)) ddp_steps=$((iters + 3))
+      "${run[@]}" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --iters "$iters" \
+        2>/dev/null | awk '/^ddp-psgd/ {printf "  %-12s %10s %10s %14s %14s\n", $2, $3, $4, $5, $6}'
+      echo "# the links: MB all hosts sent per step, headers included (tools/cluster.sh bytes: a run of 3"
+      echo "# steps less a run of 1, over the 2 steps more; compressed steps only)"
       printf '  %-44s %s\n' "cohort mean" \
-        "$(link_mb_per_step "$cohort_steps" "$cluster" run "$per_host" "$build/bench/bench_powersgd" --iters "$iters" --only "mean, flat")"
+        "$(link_mb_per_step --iters 1 "${run[@]}" "$build/bench/bench_powersgd" --only "mean, flat")"
       printf '  %-44s %s\n' "cohort powersgd rank 4 (4 MiB buckets)" \
-        "$(link_mb_per_step "$cohort_steps" "$cluster" run "$per_host" "$build/bench/bench_powersgd" --iters "$iters" --only "rank 4, flat, 4")"
+        "$(link_mb_per_step --iters 1 "${run[@]}" "$build/bench/bench_powersgd" --only "rank 4, flat, 4")"
       printf '  %-44s %s\n' "DDP (25 MiB buckets)" \
-        "$(link_mb_per_step "$ddp_steps" "$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --iters "$iters" --rows mean)"
+        "$(link_mb_per_step --iters 1 "${run[@]}" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --rows mean)"
       printf '  %-44s %s\n' "DDP powerSGD_hook rank 4" \
-        "$(link_mb_per_step "$ddp_steps" "$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --iters "$iters" --rows powersgd4)"
+        "$(link_mb_per_step --iters 1 "${run[@]}" "${ddp_env[@]}" "$python" "$root/bench/powersgd_ddp.py" --from-mpi --rows powersgd4)"
     } | tee "$out"
   done
 
@@ -172,30 +176,43 @@ if [ "$only" = powersgd ]; then
     ranks=$((hosts * per_host))
     with_hosts "$hosts"
     out=$results/multihost-powersgd-torch_mlp-$shape.txt
-    declare -A samples=() links=()
+    run=("$cluster" run "$per_host")
     rows=(blocking overlap psgd-blocking psgd-overlap ddp ddp-psgd)
+    command_of() { # ROW: the command that runs it
+      case "$1" in
+        ddp) echo "${run[*]} ${ddp_env[*]} $python $root/bench/torch_mlp_ddp.py --from-mpi" ;;
+        ddp-psgd) echo "${run[*]} ${ddp_env[*]} $python $root/bench/torch_mlp_ddp.py --from-mpi --powersgd 4" ;;
+        psgd-*) echo "${run[*]} $build/bench/bench_torch_mlp --mode ${1#psgd-} --powersgd 4" ;;
+        *) echo "${run[*]} $build/bench/bench_torch_mlp --mode $1" ;;
+      esac
+    }
+    # Each run bounded: DDP with powerSGD_hook over gloo once spun forever here (100% of a core
+    # for 11 minutes, no step done); a run that fails or hangs is counted, not timed.
+    declare -A samples=() links=() failed=()
     for ((r = 1; r <= rounds; r++)); do
       for row in "${rows[@]}"; do
-        before=$("$cluster" bytes)
-        case "$row" in
-          ddp) output=$("$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/torch_mlp_ddp.py" --from-mpi) ;;
-          ddp-psgd) output=$("$cluster" run "$per_host" "${ddp_env[@]}" "$python" "$root/bench/torch_mlp_ddp.py" --from-mpi --powersgd 4) ;;
-          psgd-*) output=$("$cluster" run "$per_host" "$build/bench/bench_torch_mlp" --mode "${row#psgd-}" --powersgd 4) ;;
-          *) output=$("$cluster" run "$per_host" "$build/bench/bench_torch_mlp" --mode "$row") ;;
-        esac
-        after=$("$cluster" bytes)
-        samples[$row]+=" $(grep -E '^(ddp|torch_mlp) ' <<<"$output" | awk '{print $NF}')"
-        # Every run: 10 warm-up steps and 5 repetitions of 20 (the scripts' defaults).
-        links[$row]+=" $(awk -v b="$before" -v a="$after" 'BEGIN {printf "%.4f", (a - b) / 110 / 1e6}')"
+        read -ra command <<<"$(command_of "$row")"
+        ms=$(timeout --kill-after=5 180 "${command[@]}" 2>/dev/null | grep -E '^(ddp|torch_mlp) ' |
+          awk '{print $NF}' || true)
+        if [ -n "$ms" ]; then
+          samples[$row]+=" $ms"
+        else
+          failed[$row]=$((${failed[$row]:-0} + 1))
+          pkill -f torch_mlp_ddp.py || true # (what a killed mpirun left on the hosts)
+        fi
       done
+    done
+    for row in "${rows[@]}"; do # (20 steps a repetition)
+      read -ra command <<<"$(command_of "$row")"
+      links[$row]=$(link_mb_per_step --reps 20 timeout --kill-after=5 180 "${command[@]}")
     done
     {
       echo "# bench/multihost.sh: $hosts hosts x $per_host ranks, links $rate; the MLP 784-1024-1024-10 of"
       echo "# bench/torch_mlp (7.4 MB of gradients), batch 128 per rank, one intra-op thread per rank;"
       echo "# BLAS: $blas; 2 cores for all the hosts; PowerSGD rank 4 from step 2 (min_compression_rate 2)"
       echo "# each row: the median over $rounds rounds (rows taking turns) of each run's median repetition;"
-      echo "# link: MB all hosts sent per step (tools/cluster.sh bytes over the run's 110 steps, headers included)"
-      printf '%-44s %12s %10s\n' "row" "ms per step" "link MB"
+      echo "# link: MB all hosts sent per step (tools/cluster.sh bytes: a run of 3 repetitions less a run of 1)"
+      printf '%-52s %12s %10s %s\n' "row" "ms per step" "link MB" "runs that failed or hung"
       for row in "${rows[@]}"; do
         case "$row" in
           ddp) label="PyTorch DDP (gloo)" ;;
@@ -203,12 +220,13 @@ if [ "$only" = powersgd ]; then
           psgd-*) label="cohort ${row#psgd-}, powersgd rank 4" ;;
           *) label="cohort $row, mean" ;;
         esac
-        printf '%-44s %12.2f %10.3f\n' "$label, $ranks ranks" "$(median "${samples[$row]}")" "$(median "${links[$row]}")"
+        printf '%-52s %12.2f %10.3f %s\n' "$label, $ranks ranks" "$(median "${samples[$row]:-0}")" \
+          "${links[$row]}" "${failed[$row]:-0} of $rounds"
       done
       for row in psgd-blocking psgd-overlap; do
-        echo "cohort ${row#psgd-} powersgd / DDP powersgd: $(awk -v a="$(median "${samples[$row]}")" -v b="$(median "${samples[ddp-psgd]}")" 'BEGIN {printf "%.2f", a / b}')"
+        echo "cohort ${row#psgd-} powersgd / DDP powersgd: $(awk -v a="$(median "${samples[$row]:-}")" -v b="$(median "${samples[ddp-psgd]:-}")" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else printf "n/a (a row without a run)"}')"
       done
     } | tee "$out"
-    unset samples links
+    unset samples links failed
   done
 fi

@@ -8,7 +8,8 @@
 // Per row: the collectives, the bytes this rank handed its exchanges per step (what the link
 // carries is a multiple of it, the same for every row), how many times fewer than the mean's,
 // the time (median over the runs, each the slowest rank's) and, of it, PowerSGD's own compute
-// (grad_sync_stats::hook: the orthogonalization and the matrix products). Rows take turns
+// (grad_sync_stats::hook: the orthogonalization and the matrix products; of it, the time in
+// Gram-Schmidt, powersgd_stats::orthogonalizing). Rows take turns
 // within each run; the gradients are the same random values before each.
 //
 //   mpirun -np 4 ./bench_powersgd [--iters 5] [--only TEXT]   # TEXT: the rows whose
@@ -20,7 +21,10 @@
 #include <boost/mpi/environment.hpp>
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +35,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "resnet50.hpp"
@@ -49,6 +54,10 @@ struct row {
   std::vector<double> samples{};
   double wire_bytes = 0;   // per step
   double hook_seconds = 0; // per step
+  // PowerSGD's time orthogonalizing so far (rows of other reducers: none).
+  std::function<std::chrono::nanoseconds()> orthogonalizing{};
+  std::chrono::nanoseconds orthogonalizing_before{0};
+  double orthogonalize_seconds = 0; // per step
 };
 
 int run(int argc, char** argv) {
@@ -88,39 +97,35 @@ int run(int argc, char** argv) {
     }
   };
 
-  std::vector<std::unique_ptr<cohort::flat>> flats;
-  std::vector<std::unique_ptr<cohort::dummy>> dummies;
+  std::vector<std::shared_ptr<void>> communicators; // (each row's own: its plans, its state)
   std::vector<row> rows;
-  const auto add = [&](std::string name, std::string reducer_name, auto reducer,
-                       cohort::communicator_options options, bool transfer) {
-    if (transfer) {
-      flats.push_back(std::make_unique<cohort::flat>(world, options));
-      cohort::flat* comm = flats.back().get();
-      rows.push_back({std::move(name), std::move(reducer_name),
-                      [&model, comm, reducer] { comm->allreduce_grad(model.params, reducer); },
-                      [comm] { return comm->take_grad_sync_stats(); },
-                      [comm] { return comm->bucket_count(); }});
-    } else {
-      dummies.push_back(std::make_unique<cohort::dummy>(world, options));
-      cohort::dummy* comm = dummies.back().get();
-      rows.push_back({std::move(name), std::move(reducer_name),
-                      [&model, comm, reducer] { comm->allreduce_grad(model.params, reducer); },
-                      [comm] { return comm->take_grad_sync_stats(); },
-                      [comm] { return comm->bucket_count(); }});
+  const auto add = [&]<class Communicator>(std::type_identity<Communicator>, std::string name,
+                                           std::string strategy, auto reducer,
+                                           cohort::communicator_options options) {
+    auto comm = std::make_shared<Communicator>(world, options);
+    communicators.push_back(comm);
+    Communicator* c = comm.get();
+    rows.push_back({std::move(name), std::move(strategy),
+                    [&model, c, reducer] { c->allreduce_grad(model.params, reducer); },
+                    [c] { return c->take_grad_sync_stats(); }, [c] { return c->bucket_count(); }});
+    if constexpr (std::is_same_v<decltype(reducer), cohort::powersgd>) {
+      rows.back().orthogonalizing = [reducer] { return reducer.stats().orthogonalizing; };
     }
   };
+  constexpr std::type_identity<cohort::flat> flat;
+  constexpr std::type_identity<cohort::dummy> dummy;
   const cohort::communicator_options ddp_buckets{.bucket_bytes = 25 * mib,
                                                  .fusion_threshold_bytes = 25 * mib};
   const auto psgd = [](int rank) { return cohort::powersgd({.rank = rank, .start_step = 0}); };
-  add("mean", "flat, 4 MiB buckets", cohort::mean{}, {}, true);
-  add("float16 on the wire", "flat, 4 MiB buckets", cohort::compressed<cohort::float16>{}, {},
-      true);
+  add(flat, "mean", "flat, 4 MiB buckets", cohort::mean{}, {});
+  add(flat, "float16 on the wire", "flat, 4 MiB buckets", cohort::compressed<cohort::float16>{},
+      {});
   for (const int r : {1, 2, 4}) {
-    add("powersgd rank " + std::to_string(r), "flat, 4 MiB buckets", psgd(r), {}, true);
+    add(flat, "powersgd rank " + std::to_string(r), "flat, 4 MiB buckets", psgd(r), {});
   }
-  add("powersgd rank 4", "flat, 25 MiB buckets (DDP's)", psgd(4), ddp_buckets, true);
-  add("mean", "dummy: no transfer", cohort::mean{}, {}, false);
-  add("powersgd rank 4", "dummy: compute alone", psgd(4), {}, false);
+  add(flat, "powersgd rank 4", "flat, 25 MiB buckets (DDP's)", psgd(4), ddp_buckets);
+  add(dummy, "mean", "dummy: no transfer", cohort::mean{}, {});
+  add(dummy, "powersgd rank 4", "dummy: compute alone", psgd(4), {});
 
   std::erase_if(rows, [&](const row& r) {
     return (r.name + ", " + r.reducer).find(only) == std::string::npos;
@@ -149,6 +154,9 @@ int run(int argc, char** argv) {
     }
     (void)r.stats();
   }
+  for (row& r : rows) {
+    r.orthogonalizing_before = r.orthogonalizing ? r.orthogonalizing() : r.orthogonalizing_before;
+  }
   for (int i = 0; i < iters; ++i) {
     for (row& r : rows) {
       restore();
@@ -160,27 +168,35 @@ int run(int argc, char** argv) {
     const auto steps = static_cast<double>(std::max<std::uint64_t>(1, s.steps));
     r.wire_bytes = static_cast<double>(s.wire_bytes) / steps;
     r.hook_seconds = std::chrono::duration<double>(s.hook).count() / steps;
+    if (r.orthogonalizing) {
+      r.orthogonalize_seconds =
+          std::chrono::duration<double>(r.orthogonalizing() - r.orthogonalizing_before).count() /
+          steps;
+    }
   }
 
   if (world.rank() == 0) {
     const double elements = static_cast<double>(model.elements());
     std::printf("# cohort: ResNet-50's gradients reduced with compression (bench/powersgd.cpp)\n");
     std::printf("# %d ranks; %zu tensors, %.0f float32 values (%.1f MB); median of %d runs, each "
-                "the slowest rank's time; hook: PowerSGD's own compute (rank 0's)\n",
+                "the slowest rank's time; hook: PowerSGD's own compute, orth.: of it, Gram-Schmidt (rank 0's)\n",
                 world.size(), model.params.size(), elements, elements * 4 / 1e6, iters);
-    std::printf("# %-20s %-29s %11s %13s %8s %10s %9s %8s\n", "reducer", "strategy, buckets",
-                "collectives", "MB sent/step", "fewer", "time(ms)", "hook(ms)", "vs mean");
+    std::printf("# %-20s %-29s %11s %13s %8s %10s %9s %9s %8s\n", "reducer", "strategy, buckets",
+                "collectives", "MB sent/step", "fewer", "time(ms)", "hook(ms)", "orth.(ms)",
+                "vs mean");
     const double mean_bytes = rows[0].wire_bytes;
     const double mean_time = bench::median(rows[0].samples);
     for (row& r : rows) {
       const double t = bench::median(r.samples);
       const bool dummy = r.reducer.rfind("dummy", 0) == 0;
       std::printf(
-          "  %-20s %-29s %11zu %13.3f %8s %10.2f %9.2f %8.2f\n", r.name.c_str(), r.reducer.c_str(),
+          "  %-20s %-29s %11zu %13.3f %8s %10.2f %9.2f %9.2f %8.2f\n", r.name.c_str(),
+          r.reducer.c_str(),
           r.collectives(), r.wire_bytes / 1e6,
           dummy ? "-"
                 : (std::to_string(static_cast<int>(mean_bytes / r.wire_bytes + 0.5)) + "x").c_str(),
-          t * 1e3, r.hook_seconds * 1e3, dummy ? 0.0 : t / mean_time);
+          t * 1e3, r.hook_seconds * 1e3, r.orthogonalize_seconds * 1e3,
+          dummy ? 0.0 : t / mean_time);
     }
   }
   return 0;

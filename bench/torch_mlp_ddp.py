@@ -32,6 +32,10 @@ def worker(rank, args, port, results):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(1)
+    if args.powersgd > 0:
+        # One bucket (DDP's first one is 1 MiB on its own): over gloo, torch 1.13's PowerSGD with
+        # several buckets crashes (see bench/powersgd_ddp.py).
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 25 * 2**20
     model = nn.parallel.DistributedDataParallel(mlp())
     state = None
     if args.powersgd > 0:

@@ -237,14 +237,18 @@ case "${1:-}" in
       # Every suite of test/ that runs cohort's code (the header, package and compile-fail tests
       # compile it, the GPU tests need nvcc, and the examples are not built here), the suites
       # across simulated hosts too (multihost.suites). A job run at 3 ranks is not run at 2 as
-      # well: the main stage runs both; here, 3 ranks run the same engine code (a race or a bad
-      # access seldom depends on the count) and the uneven paths besides. It saves a third of the
-      # sanitizers' test time (docs/ci.md).
+      # well, nor one run at 4 ranks on 2 simulated nodes (.2x2) at 4 on one: the main stage runs
+      # them all; here, 3 ranks run the same engine code (a race or a bad access seldom depends
+      # on the count) and the uneven paths besides. It saves a third of the sanitizers' test
+      # time (docs/ci.md).
       stage_begin "$kind: test"
       (cd "$dir" && suites='^(tensor|kernels|reducer|transport|algorithm|communicator|training|adapters|checkpoint|support|multihost)\.' &&
         tests=$(ctest -N -R "$suites" | sed -n 's/^ *Test *#[0-9]*: //p') &&
-        twice=$({ grep '\.np2$' <<<"$tests" || true; } | while read -r t; do
-                  if grep -qxF "${t%.np2}.np3" <<<"$tests"; then echo "$t"; fi
+        twice=$({ grep -E '\.np[24]$' <<<"$tests" || true; } | while read -r t; do
+                  case "$t" in
+                    *.np2) if grep -qxF "${t%.np2}.np3" <<<"$tests"; then echo "$t"; fi ;;
+                    *.np4) if grep -qxF "${t%.np4}.2x2" <<<"$tests"; then echo "$t"; fi ;;
+                  esac
                 done | sed 's/\./\\./g' | paste -sd'|' -) &&
         ctest --output-on-failure -j "$test_jobs" --timeout 600 -R "$suites" \
           ${twice:+-E "^($twice)\$"})
