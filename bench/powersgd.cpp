@@ -24,8 +24,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -179,7 +179,8 @@ int run(int argc, char** argv) {
     const double elements = static_cast<double>(model.elements());
     std::printf("# cohort: ResNet-50's gradients reduced with compression (bench/powersgd.cpp)\n");
     std::printf("# %d ranks; %zu tensors, %.0f float32 values (%.1f MB); median of %d runs, each "
-                "the slowest rank's time; hook: PowerSGD's own compute, orth.: of it, Gram-Schmidt (rank 0's)\n",
+                "the slowest rank's time; hook: PowerSGD's own compute, orth.: of it, Gram-Schmidt "
+                "(rank 0's)\n",
                 world.size(), model.params.size(), elements, elements * 4 / 1e6, iters);
     std::printf("# %-20s %-29s %11s %13s %8s %10s %9s %9s %8s\n", "reducer", "strategy, buckets",
                 "collectives", "MB sent/step", "fewer", "time(ms)", "hook(ms)", "orth.(ms)",
@@ -191,8 +192,7 @@ int run(int argc, char** argv) {
       const bool dummy = r.reducer.rfind("dummy", 0) == 0;
       std::printf(
           "  %-20s %-29s %11zu %13.3f %8s %10.2f %9.2f %9.2f %8.2f\n", r.name.c_str(),
-          r.reducer.c_str(),
-          r.collectives(), r.wire_bytes / 1e6,
+          r.reducer.c_str(), r.collectives(), r.wire_bytes / 1e6,
           dummy ? "-"
                 : (std::to_string(static_cast<int>(mean_bytes / r.wire_bytes + 0.5)) + "x").c_str(),
           t * 1e3, r.hook_seconds * 1e3, r.orthogonalize_seconds * 1e3,
