@@ -29,7 +29,7 @@ class CohortConan(ConanFile):
                "with_checkpoint": [True, False]}
     default_options = {"with_cuda": False, "with_nccl": False, "with_eigen": False,
                        "with_torch": False, "with_checkpoint": False}
-    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
+    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*", "tools/cohort-run"
 
     def config_options(self):
         pass
@@ -91,7 +91,8 @@ class CohortConan(ConanFile):
         # With components, Conan reads the build directories of the components: the package
         # root goes on CMAKE_PREFIX_PATH, where share/cmake/cohort is found.
         base.builddirs = ["."]
-        base.bindirs = []
+        # bin/cohort-run, the launcher: on the PATH of Conan's run environment.
+        base.bindirs = ["bin"]
         base.libdirs = []
         # The GPU components: name, wanted, what it builds on, the system library it links.
         for name, wanted, builds_on, library in (

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# The package: headers, one export set per component (cohort, and cuda and nccl where they were
+# The package: headers, the cohort-run launcher, one export set per component (cohort, and cuda and nccl where they were
 # found), the config and version files, FindNCCL (NCCL ships no CMake package) and a pkg-config
 # file. The same files are written to the build tree, so that a consumer can use it directly.
 
@@ -7,6 +7,8 @@ include(CMakePackageConfigHelpers)
 set(COHORT_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/cohort)
 
 install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The launcher that restarts a job on the hosts left (docs/launcher.md): a Python 3 script.
+install(PROGRAMS tools/cohort-run DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(COHORT_COMPONENTS_BUILT)
 foreach(component IN ITEMS cohort cuda nccl eigen torch checkpoint)

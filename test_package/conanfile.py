@@ -28,4 +28,8 @@ class CohortTestConan(ConanFile):
         if can_run(self):
             trainer = os.path.join(self.cpp.build.bindir, "test_package")
             # Two ranks, allowed to share a core and to run as root (CI containers).
-            self.run(f"mpirun --oversubscribe --allow-run-as-root -np 2 {trainer}", env="conanrun")
+            mpirun = "mpirun --oversubscribe --allow-run-as-root"
+            self.run(f"{mpirun} -np 2 {trainer}", env="conanrun")
+            # The launcher is on the run environment's PATH, and starts the trainer too.
+            self.run(f"cohort-run --mpirun '{mpirun}' --ranks-per-host 2 --max-restarts 0 -- "
+                     f"{trainer}", env="conanrun")

@@ -439,10 +439,11 @@ int train(const options& o, Communicator& comm, const Reducer& reducer) {
       epoch_begin = position.epoch;
       steps_done_in_epoch = position.step;
       if (report) {
-        std::printf("resumed from step %llu (epoch %llu, after %llu of its steps)\n",
+        std::printf("resumed from step %llu (epoch %llu, after %llu of its steps%s)\n",
                     static_cast<unsigned long long>(step),
                     static_cast<unsigned long long>(position.epoch + 1),
-                    static_cast<unsigned long long>(position.step));
+                    static_cast<unsigned long long>(position.step),
+                    command_line::restart_note().c_str());
       }
     }
   }

@@ -24,6 +24,14 @@
 #                                            bound, saying which ranks (on which host) are gone
 #                                            or late; the last complete checkpoint then resumes
 #                                            on one host and ends with the whole run's weights
+#   multihost.sh launcher lost-host|crash|unshared PROGRAM [ARGS...]
+#                                            tools/cohort-run on 3 hosts x 1 rank (MULTIHOST_HOSTS
+#                                            =3): host3 lost mid-epoch, the run restarted on the 2
+#                                            left ends within 0.01 of the test accuracy of a run
+#                                            without a fault, and again with host3 coming back (a
+#                                            grow to 3); a trainer failing at once stopped after 2
+#                                            restarts; a checkpoint directory one host does not
+#                                            share refused before the trainer starts
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../../tools/cluster.sh
@@ -50,7 +58,7 @@ ip netns add "$COHORT_CLUSTER_NAME-probe" 2>/dev/null || skip "no network namesp
 ip netns del "$COHORT_CLUSTER_NAME-probe"
 "$cluster" down >/dev/null 2>&1 || true # what a killed test left behind
 trap '"$cluster" down' EXIT
-"$cluster" up 2 --rate 1gbit
+"$cluster" up "${MULTIHOST_HOSTS:-2}" --rate 1gbit
 
 # mpirun on one host (this machine's root namespace) and across the cluster's hosts.
 one_host() { local n=$1; shift; mpirun --oversubscribe --allow-run-as-root -n "$n" "$@"; }
@@ -228,6 +236,124 @@ case "$mode" in
     [ "$(weights_of "$work/resumed.txt")" = "$whole" ] ||
       fail "resumed after the fault: '$(weights_of "$work/resumed.txt")' against '$whole'"
     echo "the last complete checkpoint resumed on one host: the whole run's weights, bit for bit"
+    ;;
+
+  launcher)
+    scenario=${1:?launcher lost-host|crash|unshared PROGRAM [ARGS...]}
+    program=${2:?launcher SCENARIO PROGRAM [ARGS...]}
+    shift 2
+    launcher=$here/../../tools/cohort-run
+    [ "${MULTIHOST_HOSTS:-2}" -eq 3 ] || fail "the launcher's tests need MULTIHOST_HOSTS=3"
+    printf 'host%s slots=1\n' 1 2 3 >"$work/hosts"
+    # A host answers cohort-run's probe when mpirun starts a process on it; one whose link is
+    # cut does not, within --probe-timeout.
+    cohort_run=("$launcher" --hosts "$work/hosts" --mpirun "$cluster mpirun" --probe-timeout 5)
+    now() { date +%s.%N; }
+    since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+    # Waits (bounded) until FILE has a line matching PATTERN; prints the time it was seen.
+    wait_for_line() {
+      local file=$1 pattern=$2 job=$3 limit=$4
+      for _ in $(seq 1 $((limit * 20))); do
+        if grep -Eq "$pattern" "$file"; then now; return 0; fi
+        kill -0 "$job" 2>/dev/null || { grep -Eq "$pattern" "$file" && { now; return 0; }; break; }
+        sleep 0.05
+      done
+      cat "$file" >&2
+      fail "no line '$pattern' within $limit s"
+    }
+    newest_step() {
+      ls -d "$1"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
+        sort -n | tail -n 1 || true
+    }
+    case "$scenario" in
+      lost-host)
+        # The run without a fault, through cohort-run too, saving at the same steps.
+        t=$(now)
+        bounded 300 "${cohort_run[@]}" --checkpoint-dir "$work/ckpt-whole" -- "$program" "$@" \
+          --checkpoint "$work/ckpt-whole" --checkpoint-every 10 >"$work/whole.txt" 2>&1 ||
+          fail "the run without a fault failed: $(tail -5 "$work/whole.txt")"
+        whole_s=$(since "$t" "$(now)")
+        whole=$(accuracy_of "$work/whole.txt")
+        [ -n "$whole" ] || fail "no test accuracy in the run without a fault"
+        echo "without a fault: test accuracy $whole in $whole_s s (3 hosts x 1 rank)"
+        for way in shrink grow; do
+          "$cluster" mend host3 # (lost in the run before)
+          ckpt=$work/ckpt-$way
+          out=$work/$way.txt
+          grow=()
+          [ "$way" = grow ] && grow=(--grow-check 1)
+          t=$(now)
+          setsid "${cohort_run[@]}" "${grow[@]}" --checkpoint-dir "$ckpt" -- "$program" "$@" \
+            --checkpoint "$ckpt" --checkpoint-every 10 >"$out" 2>&1 &
+          job=$!
+          # host3 lost mid-epoch: its processes killed and its link cut, right after the
+          # checkpoint of step FAULT_STEP (epochs of 50 steps).
+          at_step=${FAULT_STEP:-270}
+          for _ in $(seq 1 2400); do
+            step=$(newest_step "$ckpt")
+            [ -n "$step" ] && [ "$step" -ge "$at_step" ] && break
+            kill -0 "$job" 2>/dev/null || fail "the job ended before the fault: $(tail -5 "$out")"
+            sleep 0.05
+          done
+          [ -n "$step" ] && [ "$step" -ge "$at_step" ] || fail "no checkpoint of step $at_step within 2 minutes"
+          fault=$(now)
+          "$cluster" kill host3
+          "$cluster" cut host3
+          ended=$(wait_for_line "$out" "^cohort-run: attempt 1 ended" "$job" 60)
+          restarted=$(wait_for_line "$out" "^cohort-run: attempt 2 at" "$job" 60)
+          resumed=$(wait_for_line "$out" "^resumed from step" "$job" 60)
+          if [ "$way" = grow ]; then
+            "$cluster" mend host3
+            wait_for_line "$out" "^cohort-run: attempt 3 at .*3 rank\\(s\\) on host1 host2 host3, from step [0-9]+ \\(grow\\)" \
+              "$job" 120 >/dev/null
+          fi
+          status=0
+          bounded 300 bash -c 'while kill -0 "$0" 2>/dev/null; do sleep 0.2; done' "$job" ||
+            { kill -9 -- "-$job" 2>/dev/null; fail "$way: cohort-run still ran after 300 s"; }
+          wait "$job" || status=$?
+          took=$(since "$t" "$(now)")
+          [ "$status" -eq 0 ] || { cat "$out"; fail "$way: cohort-run ended with $status"; }
+          grep -Eq "^cohort-run: attempt 2 at .*: 2 rank\\(s\\) on host1 host2 \\(not answering: host3\\), from step [0-9]+ \\(restart 1 of at most 3\\)" \
+            "$out" || { cat "$out"; fail "$way: no restart on host1 host2"; }
+          b=$(accuracy_of "$out" | tail -n 1)
+          awk -v a="$whole" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01 + 1e-9) }' ||
+            { cat "$out"; fail "$way: test accuracy $b against $whole without a fault"; }
+          grep "^cohort-run: " "$out" | sed 's/^/  /'
+          echo "$way: test accuracy $b ($whole without a fault); $took s in all, $(since "$whole_s" "$took") s lost: job ended $(since "$fault" "$ended") s after the fault, restarted $(since "$ended" "$restarted") s later (probing the hosts), resumed $(since "$restarted" "$resumed") s after that"
+        done
+        ;;
+      crash)
+        # A trainer that fails at once on every start (here a global batch that 3 ranks cannot
+        # share): stopped after 2 restarts, the failure named.
+        status=0
+        bounded 120 "${cohort_run[@]}" --max-restarts 10 -- "$program" "$@" >"$work/crash.txt" 2>&1 ||
+          status=$?
+        cat "$work/crash.txt"
+        [ "$status" -eq 3 ] || fail "cohort-run ended with $status, not 3"
+        grep -q "^cohort-run: error: the trainer failed the same way at once after each of the last 2 restarts" \
+          "$work/crash.txt" || fail "the repeated failure not named"
+        [ "$(grep -c '^cohort-run: attempt [0-9]* at' "$work/crash.txt")" -eq 3 ] ||
+          fail "not 3 attempts"
+        echo "a trainer failing at once: stopped after 2 restarts"
+        ;;
+      unshared)
+        # A directory that host2 sees as another one: `ip netns exec` (the cluster's agent)
+        # mounts /etc/netns/<namespace>/X over /etc/X.
+        dir=/etc/cohort-run-test-checkpoints
+        mkdir -p "$dir" "/etc/netns/$COHORT_CLUSTER_NAME-host2/$(basename "$dir")"
+        trap '"$cluster" down; rm -rf "$work" "$dir"' EXIT
+        status=0
+        bounded 120 "${cohort_run[@]}" --checkpoint-dir "$dir" -- "$program" "$@" --checkpoint "$dir" \
+          >"$work/unshared.txt" 2>&1 || status=$?
+        cat "$work/unshared.txt"
+        [ "$status" -eq 3 ] || fail "cohort-run ended with $status, not 3"
+        grep -q "^cohort-run: error: the checkpoint directory $dir is not shared: host2 cannot see" \
+          "$work/unshared.txt" || fail "host2 not named"
+        ! grep -q "attempt 1 at" "$work/unshared.txt" || fail "the trainer was started"
+        echo "a checkpoint directory host2 does not share: refused, host2 named"
+        ;;
+      *) fail "launcher: unknown scenario '$scenario'" ;;
+    esac
     ;;
 
   *) fail "unknown mode '$mode'" ;;

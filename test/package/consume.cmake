@@ -36,3 +36,10 @@ run(${CMAKE_COMMAND} -S ${SOURCE}/test/package/consumer -B ${WORK}/consumer ${co
     ${EXTRA})
 run(${CMAKE_COMMAND} --build ${WORK}/consumer)
 run(${MPIEXEC} -np 2 ${WORK}/consumer/trainer)
+# An installed package has the launcher beside it (bin/cohort-run), and it runs the trainer.
+foreach(prefix IN ITEMS ${WORK}/prefix ${WORK}/staging)
+  if(EXISTS ${prefix})
+    run(${prefix}/bin/cohort-run --mpirun ${MPIEXEC} --ranks-per-host 2 --max-restarts 0 --
+        ${WORK}/consumer/trainer)
+  endif()
+endforeach()

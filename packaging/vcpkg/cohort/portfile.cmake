@@ -29,5 +29,10 @@ vcpkg_cmake_config_fixup(CONFIG_PATH share/cmake/cohort)
 vcpkg_fixup_pkgconfig()
 
 file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/debug")
+# vcpkg keeps a port's programs in tools/<port>, not bin/: the launcher cohort-run (a script).
+file(INSTALL "${CURRENT_PACKAGES_DIR}/bin/cohort-run" DESTINATION "${CURRENT_PACKAGES_DIR}/tools/${PORT}"
+     FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ
+                      WORLD_EXECUTE)
+file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/bin")
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
 vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")
