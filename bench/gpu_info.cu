@@ -3,7 +3,8 @@
 // driver and runtime, the NCCL library that was loaded (the device machine's own) and whether
 // the MPI library is CUDA-aware. One `key: value` line each; never fails for want of a GPU.
 
-#include <cohort/nccl.hpp>
+#include <cohort/kernels/scale.cuh>
+#include <cohort/transport/cuda_aware_mpi.hpp>
 
 #include <boost/mpi/environment.hpp>
 #include <cuda_runtime_api.h>

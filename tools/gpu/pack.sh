@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The device kit, packed: cohort's GPU tests, examples/gpu_mlp, the benchmarks' GPU rows and CUDA
-# LibTorch's test, built here with nvcc (every kernel for each of CMAKE_CUDA_ARCHITECTURES: 75,
-# 80 and 90), and with them the runtime a bare GPU machine lacks: Open MPI's launcher, libraries,
+# LibTorch's test, built here with nvcc (for sm_90, the H100's and H200's: CMAKE_CUDA_ARCHITECTURES,
+# 90 alone on a machine without a GPU, else 75, 80 and 90), and with them the runtime a bare GPU machine lacks: Open MPI's launcher, libraries,
 # plugins and help files, PMIx, hwloc, libevent, Boost.MPI, Boost.Serialization, Boost.Test
 # (whatever `ldd` resolves outside the C and C++ runtimes), and the CUDA runtime (0.7 MB). NCCL
 # (208 MB) and LibTorch (over 1 GB) are not carried: tools/gpu/run.sh loads the device machine's

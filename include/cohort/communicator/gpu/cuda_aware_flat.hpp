@@ -21,13 +21,11 @@
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
+#include <cohort/transport/cuda_aware_mpi.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
 #include <cuda_runtime_api.h>
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h> // Open MPI's MPIX_Query_cuda_support
-#endif
 
 #include <cstddef>
 #include <span>
@@ -36,16 +34,6 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
-
-//! Whether the MPI library says it can read and write GPU memory: true or false where it can
-//! tell (Open MPI), true where it cannot (the user's choice of this strategy is then trusted).
-inline bool mpi_is_cuda_aware() noexcept {
-#if defined(MPIX_CUDA_AWARE_SUPPORT)
-  return MPIX_Query_cuda_support() == 1;
-#else
-  return true;
-#endif
-}
 
 class cuda_aware_flat : public basic_communicator<cuda_aware_flat> {
   using base = basic_communicator<cuda_aware_flat>;
