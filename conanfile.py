@@ -91,7 +91,8 @@ class CohortConan(ConanFile):
         # With components, Conan reads the build directories of the components: the package
         # root goes on CMAKE_PREFIX_PATH, where share/cmake/cohort is found.
         base.builddirs = ["."]
-        # bin/cohort-run, the launcher: on the PATH of Conan's run environment.
+        # bin/cohort-run, the launcher: on the PATH of the run environment of a consumer that
+        # requires cohort with run=True (a header-library is not "run" by default).
         base.bindirs = ["bin"]
         base.libdirs = []
         # The GPU components: name, wanted, what it builds on, the system library it links.

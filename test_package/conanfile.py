@@ -11,7 +11,9 @@ class CohortTestConan(ConanFile):
     generators = "CMakeDeps", "CMakeToolchain"
 
     def requirements(self):
-        self.requires(self.tested_reference_str)
+        # run=True: a header-library's binaries are not in its consumers' run environment
+        # otherwise, and the launcher (bin/cohort-run) is one.
+        self.requires(self.tested_reference_str, run=True)
 
     def layout(self):
         cmake_layout(self)

@@ -47,7 +47,7 @@ class CohortRun(unittest.TestCase):
     def test_a_job_that_finishes_runs_once(self):
         status, out = self.launch("finish", "--hosts", self.hostfile)
         self.assertEqual(status, 0, out)
-        self.assertEqual(self.starts(), [["0", "3", "h1,h2,h3", "3"]])
+        self.assertEqual(self.starts(), [["0", "3", "h1,h2,h3", "3", "1"]])
         self.assertRegex(out, r"attempt 1 at [0-9:.]+: 3 rank\(s\) on h1 h2 h3, .* \(start\)")
         self.assertIn("summary: finished after 1 attempt(s), 0 restart(s)", out)
 
@@ -55,7 +55,8 @@ class CohortRun(unittest.TestCase):
         status, out = self.launch("fail-once", "--hosts", self.hostfile, "--max-restarts", "5",
                                   "--checkpoint-dir", self.ckpt)
         self.assertEqual(status, 0, out)
-        self.assertEqual(self.starts(), [["0", "5", "h1,h2,h3", "3"], ["1", "5", "h1,h2,h3", "3"]])
+        self.assertEqual(self.starts(), [["0", "5", "h1,h2,h3", "3", "1"],
+                                         ["1", "5", "h1,h2,h3", "3", "2"]])
         self.assertIn("from the start (no checkpoint yet) (start)", out)
         # The cause is the trainer's first error line, not mpirun's echoes of it.
         self.assertRegex(out, r"attempt 1 ended at .*: exit 1: cohort: timeout on rank 1 \(h2\)")
@@ -65,7 +66,7 @@ class CohortRun(unittest.TestCase):
         status, out = self.launch("lose-h3", "--hosts", self.hostfile, "--checkpoint-dir",
                                   self.ckpt)
         self.assertEqual(status, 0, out)
-        self.assertEqual([s[2:] for s in self.starts()], [["h1,h2,h3", "3"], ["h1,h2", "2"]])
+        self.assertEqual([s[2:4] for s in self.starts()], [["h1,h2,h3", "3"], ["h1,h2", "2"]])
         self.assertRegex(out, r"attempt 2 at .*: 2 rank\(s\) on h1 h2 \(not answering: h3\), "
                               r"from step 20 \(restart 1 of at most 3\)")
         self.assertIn("between attempts", out)
@@ -76,21 +77,69 @@ class CohortRun(unittest.TestCase):
         status, out = self.launch("lose-h3", "--hosts", self.hostfile, "--probe-timeout", "1")
         self.assertEqual(status, 0, out)
         self.assertLess(time.monotonic() - begun, 20)
-        self.assertEqual([s[2:] for s in self.starts()], [["h1,h2,h3", "3"], ["h1,h2", "2"]])
+        self.assertEqual([s[2:4] for s in self.starts()], [["h1,h2,h3", "3"], ["h1,h2", "2"]])
 
     def test_a_host_that_comes_back_is_grown_to_after_a_checkpoint(self):
         status, out = self.launch("lose-h3-comes-back", "--hosts", self.hostfile,
                                   "--checkpoint-dir", self.ckpt, "--grow-check", "0.5")
         self.assertEqual(status, 0, out)
+        # The attempt number tells a trainer grown without a failure that it was started again.
         self.assertEqual([s[2:] for s in self.starts()],
-                         [["h1,h2,h3", "3"], ["h1,h2", "2"], ["h1,h2,h3", "3"]])
-        self.assertIn("3 host(s) answer now, 2 when attempt 2 started: restarting to grow", out)
+                         [["h1,h2,h3", "3", "1"], ["h1,h2", "2", "2"], ["h1,h2,h3", "3", "3"]])
+        self.assertIn("3 rank(s) possible now, 2 in attempt 2: restarting to grow after its next "
+                      "checkpoint", out)
         grown = re.search(r"attempt 2 ended .*: ended by cohort-run to grow, after the "
                           r"checkpoint of step (\d+)", out)
         self.assertTrue(grown, out)
         self.assertIn(f"3 rank(s) on h1 h2 h3, from step {grown.group(1)} (grow)", out)
         # A grow is not a restart after a failure.
         self.assertIn("summary: finished after 3 attempt(s), 1 restart(s), 1 grow(s)", out)
+
+    def test_a_host_back_is_used_at_the_next_restart(self):
+        status, out = self.launch("lose-h3-back-then-fail", "--hosts", self.hostfile,
+                                  "--checkpoint-dir", self.ckpt)
+        self.assertEqual(status, 0, out)
+        self.assertEqual([s[2:4] for s in self.starts()],
+                         [["h1,h2,h3", "3"], ["h1,h2", "2"], ["h1,h2,h3", "3"]])
+        self.assertIn("3 rank(s) on h1 h2 h3, from step 30 (restart 2 of at most 3)", out)
+
+    def test_a_grow_without_a_checkpoint_directory_is_at_once(self):
+        with open(os.path.join(self.state, "down"), "w") as f:
+            f.write("h3\n")
+        status, out = self.launch("grow-without-checkpoints", "--hosts", self.hostfile,
+                                  "--grow-check", "0.3")
+        self.assertEqual(status, 0, out)
+        self.assertEqual([s[2:4] for s in self.starts()], [["h1,h2", "2"], ["h1,h2,h3", "3"]])
+        self.assertIn("restarting to grow at once", out)
+        self.assertEqual(out.count("restarting to grow"), 1, out)
+        self.assertIn("summary: finished after 2 attempt(s), 0 restart(s), 1 grow(s)", out)
+
+    def test_too_few_ranks_to_restart_with(self):
+        status, out = self.launch("lose-h3", "--hosts", self.hostfile, "--min-ranks", "3")
+        self.assertEqual(status, 3, out)
+        self.assertIn("error: the hosts that answer (h1 h2) give 2 rank(s), fewer than "
+                      "--min-ranks 3 to restart with; the others: h3: ", out)
+
+    def test_the_same_failure_with_progress_or_slow_is_not_a_bug(self):
+        # A new checkpoint each time: the job got somewhere, so the restarts are used up.
+        status, out = self.launch("bug-that-saves", "--checkpoint-dir", self.ckpt,
+                                  "--max-restarts", "3")
+        self.assertEqual(status, 3, out)
+        self.assertEqual(len(self.starts()), 4)
+        self.assertIn("--max-restarts are used up", out)
+        # Slower than --quick-failure: not "at once" either.
+        os.remove(os.path.join(self.state, "starts"))
+        status, out = self.launch("bug", "--quick-failure", "0", "--max-restarts", "3")
+        self.assertEqual(status, 3, out)
+        self.assertEqual(len(self.starts()), 4)
+        self.assertIn("--max-restarts are used up", out)
+
+    def test_hosts_lost_one_after_another_are_not_a_bug(self):
+        hosts = self.write("four", "h1\nh2\nh3\nh4\n")
+        status, out = self.launch("lose-one-each-time", "--hosts", hosts)
+        self.assertEqual(status, 0, out)
+        self.assertEqual([s[2] for s in self.starts()],
+                         ["h1,h2,h3,h4", "h1,h2,h3", "h1,h2", "h1"])
 
     def test_the_same_failure_at_once_stops_after_two_restarts(self):
         status, out = self.launch("bug", "--hosts", self.hostfile, "--max-restarts", "10")
@@ -165,10 +214,12 @@ class CohortRun(unittest.TestCase):
         os.chmod(script, 0o755)
         status, out = self.launch("finish", "--discover", script)
         self.assertEqual(status, 0, out)
-        self.assertEqual(self.starts(), [["0", "3", "h1,h2", "3"]])
+        self.assertEqual(self.starts(), [["0", "3", "h1,h2", "3", "1"]])
         self.assertIn("3 rank(s) on h1:2 h2", out)
         with open(os.path.join(self.state, "calls")) as f:
-            self.assertIn("h1:2,h2:1 3 ", f.read())  # discovered hosts are not probed
+            calls = f.read()
+        self.assertIn("h1:2,h2:1 3 ", calls)
+        self.assertNotIn("cohort-run-probe", calls)  # discovered hosts are taken as said
         self.assertEqual(self.launch("finish", "--discover", "false")[0], 3)
         self.assertEqual(self.launch("finish", "--discover", "true")[0], 3)
 
@@ -176,7 +227,7 @@ class CohortRun(unittest.TestCase):
         status, out = self.launch("finish", "--hosts", self.hostfile, "--ranks-per-host", "2",
                                   "--max-ranks", "5")
         self.assertEqual(status, 0, out)
-        self.assertEqual(self.starts(), [["0", "3", "h1,h2,h3", "5"]])
+        self.assertEqual(self.starts(), [["0", "3", "h1,h2,h3", "5", "1"]])
         self.assertIn("5 rank(s) on h1:2 h2:2 h3", out)
 
     def test_usage_errors(self):
@@ -190,6 +241,36 @@ class CohortRun(unittest.TestCase):
                               capture_output=True, text=True)
         self.assertEqual(done.returncode, 2)
         self.assertIn("no trainer", done.stderr)
+
+    def test_a_job_that_ignores_sigterm_is_killed(self):
+        command = [sys.executable, LAUNCHER, "--kill-after", "1", "--mpirun",
+                   f"{sys.executable} {HERE}/fake_mpirun.py {self.state}", "--", sys.executable,
+                   f"{HERE}/trainer.py", "stubborn", self.ckpt]
+        launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+        launcher.stdout.readline()
+        self.assertEqual(launcher.stdout.readline().strip(), "training")
+        begun = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        out, _ = launcher.communicate(timeout=20)
+        self.assertEqual(launcher.returncode, 128 + signal.SIGINT, out)
+        self.assertLess(time.monotonic() - begun, 10)
+        self.assertIn("stopped by SIGINT", out)
+
+    def test_a_signal_while_waiting_for_hosts(self):
+        with open(os.path.join(self.state, "down"), "w") as f:
+            f.write("h1\nh2\nh3\n")
+        command = [sys.executable, LAUNCHER, "--hosts", self.hostfile, "--host-wait", "60",
+                   "--probe-timeout", "0.5", "--mpirun",
+                   f"{sys.executable} {HERE}/fake_mpirun.py {self.state}", "--", sys.executable,
+                   f"{HERE}/trainer.py", "finish", self.ckpt]
+        launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+        time.sleep(1.5)
+        launcher.send_signal(signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=20)
+        self.assertEqual(launcher.returncode, 128 + signal.SIGTERM, out)
+        self.assertIn("stopped by SIGTERM before attempt 1", out)
 
     def test_sigterm_ends_the_job(self):
         command = [sys.executable, LAUNCHER, "--mpirun",

@@ -14,7 +14,7 @@ hosts = os.environ["FAKE_HOSTS"].split(",")
 restart = int(os.environ["COHORT_RESTART_COUNT"])
 with open(os.path.join(state, "starts"), "a") as f:
     f.write(f"{restart} {os.environ['COHORT_MAX_RESTARTS']} {','.join(hosts)} "
-            f"{os.environ['FAKE_RANKS']}\n")
+            f"{os.environ['FAKE_RANKS']} {os.environ['COHORT_RUN_ATTEMPT']}\n")
 
 
 def save(step):
@@ -60,6 +60,38 @@ if scenario == "lose-h3-comes-back":  # lost, then back while the run goes on
             time.sleep(0.3)
             step += 10
             save(step)
+    sys.exit(0)
+if scenario == "lose-h3-back-then-fail":  # lost; back when the job on 2 hosts fails
+    if restart == 0:
+        save(20)
+        set_host("h3", True)
+        print("lost communication with a remote daemon on node h3", flush=True)
+        sys.exit(1)
+    if restart == 1:
+        set_host("h3", False)
+        save(30)
+        print("cohort: timeout on rank 0 (h1): allreduce_grad #3: not arrived", flush=True)
+        sys.exit(1)
+    sys.exit(0)
+if scenario == "grow-without-checkpoints":  # h3 down at the start, then back
+    if len(hosts) == 2:
+        set_host("h3", False)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        time.sleep(3600)
+    sys.exit(0)
+if scenario == "bug-that-saves":  # the same failure each time, after a new checkpoint
+    save(10 * (restart + 1))
+    print("error: the same failure", file=sys.stderr, flush=True)
+    sys.exit(2)
+if scenario == "stubborn":  # ignores SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("training", flush=True)
+    time.sleep(3600)
+if scenario == "lose-one-each-time":  # the last host of each attempt lost, at once
+    if len(hosts) > 1:
+        set_host(hosts[-1], True)
+        print(f"lost communication with a remote daemon on node {hosts[-1]}", flush=True)
+        sys.exit(1)
     sys.exit(0)
 if scenario == "bug":  # the same failure at every start
     print(f"error on rank {restart % 2}: --global-batch 7 is not a multiple of {len(hosts)} ranks",

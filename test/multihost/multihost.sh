@@ -247,20 +247,28 @@ case "$mode" in
     printf 'host%s slots=1\n' 1 2 3 >"$work/hosts"
     # A host answers cohort-run's probe when mpirun starts a process on it; one whose link is
     # cut does not, within --probe-timeout.
-    cohort_run=("$launcher" --hosts "$work/hosts" --mpirun "$cluster mpirun" --probe-timeout 5)
+    cohort_run=("$launcher" --hosts "$work/hosts" --mpirun "$cluster mpirun"
+      --probe-timeout "${PROBE_TIMEOUT:-5}")
     now() { date +%s.%N; }
     since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
-    # Waits (bounded) until FILE has a line matching PATTERN; prints the time it was seen.
+    # Waits (bounded) until FILE has COUNT lines (default 1) matching PATTERN; prints the time
+    # they were seen.
     wait_for_line() {
-      local file=$1 pattern=$2 job=$3 limit=$4
+      local file=$1 pattern=$2 job=$3 limit=$4 count=${5:-1}
       for _ in $(seq 1 $((limit * 20))); do
-        if grep -Eq "$pattern" "$file"; then now; return 0; fi
-        kill -0 "$job" 2>/dev/null || { grep -Eq "$pattern" "$file" && { now; return 0; }; break; }
+        if [ "$(grep -Ec "$pattern" "$file" || true)" -ge "$count" ]; then now; return 0; fi
+        if ! kill -0 "$job" 2>/dev/null; then
+          [ "$(grep -Ec "$pattern" "$file" || true)" -ge "$count" ] && { now; return 0; }
+          break
+        fi
         sleep 0.05
       done
       cat "$file" >&2
-      fail "no line '$pattern' within $limit s"
+      fail "no line '$pattern' (x$count) within $limit s"
     }
+    # A launcher still running when the test fails is told to stop (it ends its job).
+    job=
+    trap 'if [ -n "$job" ]; then kill -TERM "$job" 2>/dev/null || true; fi; "$cluster" down; rm -rf "$work"' EXIT
     newest_step() {
       ls -d "$1"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
         sort -n | tail -n 1 || true
@@ -302,10 +310,15 @@ case "$mode" in
           ended=$(wait_for_line "$out" "^cohort-run: attempt 1 ended" "$job" 60)
           restarted=$(wait_for_line "$out" "^cohort-run: attempt 2 at" "$job" 60)
           resumed=$(wait_for_line "$out" "^resumed from step" "$job" 60)
+          grown= grow_times=(- -)
           if [ "$way" = grow ]; then
             "$cluster" mend host3
-            wait_for_line "$out" "^cohort-run: attempt 3 at .*3 rank\\(s\\) on host1 host2 host3, from step [0-9]+ \\(grow\\)" \
-              "$job" 120 >/dev/null
+            grow_ended=$(wait_for_line "$out" "^cohort-run: attempt 2 ended .*: ended by cohort-run to grow" "$job" 120)
+            grow_started=$(wait_for_line "$out" "^cohort-run: attempt 3 at .*3 rank\\(s\\) on host1 host2 host3, from step [0-9]+ \\(grow\\)" \
+              "$job" 60)
+            grow_resumed=$(wait_for_line "$out" "^resumed from step" "$job" 60 2)
+            grow_times=("$(since "$grow_ended" "$grow_started")" "$(since "$grow_started" "$grow_resumed")")
+            grown="; the grow: restarted $(since "$grow_ended" "$grow_started") s after the job was ended at a checkpoint, resumed $(since "$grow_started" "$grow_resumed") s after that"
           fi
           status=0
           bounded 300 bash -c 'while kill -0 "$0" 2>/dev/null; do sleep 0.2; done' "$job" ||
@@ -319,7 +332,11 @@ case "$mode" in
           awk -v a="$whole" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01 + 1e-9) }' ||
             { cat "$out"; fail "$way: test accuracy $b against $whole without a fault"; }
           grep "^cohort-run: " "$out" | sed 's/^/  /'
-          echo "$way: test accuracy $b ($whole without a fault); $took s in all, $(since "$whole_s" "$took") s lost: job ended $(since "$fault" "$ended") s after the fault, restarted $(since "$ended" "$restarted") s later (probing the hosts), resumed $(since "$restarted" "$resumed") s after that"
+          echo "$way: test accuracy $b ($whole without a fault); $took s in all, $(since "$whole_s" "$took") s lost: job ended $(since "$fault" "$ended") s after the fault, restarted $(since "$ended" "$restarted") s later (probing the hosts), resumed $(since "$restarted" "$resumed") s after that$grown"
+          # (for bench/launcher.sh)
+          printf 'launcher-times\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$way" \
+            "$(since "$fault" "$ended")" "$(since "$ended" "$restarted")" \
+            "$(since "$restarted" "$resumed")" "$took" "$whole_s" "$b" "$whole" "${grow_times[@]}"
         done
         ;;
       crash)
