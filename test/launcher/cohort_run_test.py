@@ -192,7 +192,8 @@ class CohortRun(unittest.TestCase):
     def test_a_host_file_that_does_not_read(self):
         for text, says in (("h1 slots=x\n", "cannot read the host line 'h1 slots=x'"),
                            ("h1\nh1\n", "host 'h1' is listed twice"),
-                           ("h1:0\n", "host 'h1' has 0 slots")):
+                           ("h1:0\n", "host 'h1' has 0 slots"),
+                           ("me@h1\n", "'me@h1': a user in the host name is not passed on")):
             status, out = self.launch("finish", "--hosts", self.write("bad", text))
             self.assertEqual(status, 3, out)
             self.assertIn(says, out)
@@ -241,6 +242,20 @@ class CohortRun(unittest.TestCase):
                               capture_output=True, text=True)
         self.assertEqual(done.returncode, 2)
         self.assertIn("no trainer", done.stderr)
+
+    def test_what_a_failed_job_leaves_behind_is_killed(self):
+        begun = time.monotonic()
+        status, out = self.launch("leave-child", "--max-restarts", "0")
+        self.assertEqual(status, 3, out)
+        self.assertLess(time.monotonic() - begun, 10)
+        with open(os.path.join(self.state, "child")) as f:
+            child = int(f.read())
+        time.sleep(0.2)
+        with open(f"/proc/{child}/stat") if os.path.exists(f"/proc/{child}/stat") else \
+                open(os.devnull) as f:
+            state = f.read().split(") ")[-1][:1]
+        self.assertIn(state, ("", "Z"), f"the job's child {child} still runs")
+        self.assertRegex(out, r"attempt 1 ended at .* after [0-4]\.\d s: exit 1: error: failed")
 
     def test_a_job_that_ignores_sigterm_is_killed(self):
         command = [sys.executable, LAUNCHER, "--kill-after", "1", "--mpirun",

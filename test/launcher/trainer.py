@@ -5,6 +5,7 @@ It records every start (STATE/starts: the restart count, the hosts, the ranks) a
 checkpoints as cohort::checkpointer does (CHECKPOINTS/step-<step>/MANIFEST)."""
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -93,6 +94,12 @@ if scenario == "lose-one-each-time":  # the last host of each attempt lost, at o
         print(f"lost communication with a remote daemon on node {hosts[-1]}", flush=True)
         sys.exit(1)
     sys.exit(0)
+if scenario == "leave-child":  # fails, leaving a child of its own behind
+    child = subprocess.Popen(["sleep", "60"])
+    with open(os.path.join(state, "child"), "w") as f:
+        f.write(str(child.pid))
+    print("error: failed, a child left running", file=sys.stderr, flush=True)
+    os._exit(1)
 if scenario == "bug":  # the same failure at every start
     print(f"error on rank {restart % 2}: --global-batch 7 is not a multiple of {len(hosts)} ranks",
           file=sys.stderr, flush=True)
