@@ -154,6 +154,94 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_allgather_reduce_scatter, Strategy, stra
   }
 }
 
+// Blocks of any size (issue 36: each rank's shard of the parameters), zero counts and a rank
+// that owns nothing included, in a 16-bit dtype too.
+BOOST_AUTO_TEST_CASE_TEMPLATE(allgather_and_reduce_scatter_with_blocks_of_any_size, Strategy,
+                              strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  for (const std::size_t step : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+    std::vector<std::size_t> offsets(counts.size());
+    std::size_t total = 0;
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      counts[q] = (q == 1 ? 0 : step * (q + 1) + (q == 0 ? 2 : 0)); // rank 1 owns nothing
+      offsets[q] = total;
+      total += counts[q];
+    }
+    const auto mine = cohort::test::filled<std::int32_t>(counts[r], comm.rank());
+    std::vector<std::int32_t> all(total, -1);
+    comm.allgather(mine, all, counts);
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      for (std::size_t i = 0; i < counts[q]; ++i) {
+        BOOST_TEST_REQUIRE(all[offsets[q] + i] == closed_form(i, static_cast<int>(q)));
+      }
+    }
+    // Each rank contributes rank + position everywhere; rank q gets the sum over its block.
+    std::vector<double> contributions(total);
+    for (std::size_t j = 0; j < total; ++j) {
+      contributions[j] = static_cast<double>(j) + comm.rank();
+    }
+    std::vector<double> block(counts[r], -1.0);
+    comm.reduce_scatter(contributions, block, counts);
+    for (std::size_t i = 0; i < block.size(); ++i) {
+      BOOST_TEST_REQUIRE(block[i] == static_cast<double>(offsets[r] + i) * n + n * (n - 1) / 2.0);
+    }
+    // bfloat16 (a user-defined MPI op) and max.
+    std::vector<cohort::bfloat16> halves(total, cohort::bfloat16(static_cast<float>(comm.rank())));
+    std::vector<cohort::bfloat16> top(counts[r]);
+    comm.reduce_scatter(halves, top, counts, reduce_op::max);
+    for (const auto h : top) {
+      BOOST_TEST_REQUIRE(static_cast<float>(h) == static_cast<float>(n - 1));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(blocks_of_any_size_that_disagree_throw_on_every_rank, Strategy,
+                              strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const auto n = static_cast<std::size_t>(comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  // The wrong number of counts, a block of the wrong size: named on their rank, every rank
+  // throws (each has good arguments but one: a mismatch elsewhere).
+  std::vector<std::size_t> counts(n, 2);
+  std::vector<float> whole(2 * n);
+  std::vector<float> block(2);
+  std::vector<std::size_t> too_few(n + 1, 2);
+  BOOST_CHECK_EXCEPTION(comm.allgather(block, whole, too_few), std::exception,
+                        message_has({"allgather"}));
+  if (n == 1) {
+    BOOST_CHECK_EXCEPTION(comm.allgather(block, whole, too_few), cohort::invalid_argument,
+                          message_has({"the counts have 2 entries, not one per rank (1)"}));
+    std::vector<float> three(3);
+    BOOST_CHECK_EXCEPTION(comm.reduce_scatter(three, block, counts), cohort::invalid_argument,
+                          message_has({"reduce_scatter", "the counts add up to 2 elements, but "
+                                                         "the 1-rank tensor has 3"}));
+    return;
+  }
+  const std::size_t last = n - 1;
+  // One rank's counts differ: every rank throws the same mismatch, both lists named.
+  std::vector<std::size_t> theirs = counts;
+  if (r == last) {
+    theirs[0] = 3;
+    theirs[1] = 1;
+  }
+  std::vector<float> block_of(theirs[r]);
+  BOOST_CHECK_EXCEPTION(comm.reduce_scatter(whole, block_of, theirs), cohort::mismatch_error,
+                        message_has({"reduce_scatter", "the counts", "2, 2", "3, 1",
+                                     "on rank " + std::to_string(last)}));
+  // A block that is not this rank's count: an error on every rank, naming the rank.
+  std::vector<float> wrong(r == last ? 5 : 2);
+  BOOST_CHECK_EXCEPTION(comm.allgather(wrong, whole, counts), std::exception,
+                        message_has({"allgather", "rank " + std::to_string(last)}));
+  // Still working after the errors.
+  std::vector<float> ok(2, 1.0f);
+  std::vector<float> gathered(2 * n);
+  comm.allgather(ok, gathered, counts);
+  BOOST_TEST(gathered[2 * last + 1] == 1.0f);
+}
+
 // Gather and scatter, at every root: the whole exists on the root only.
 BOOST_AUTO_TEST_CASE_TEMPLATE(gather_and_scatter_at_every_root, Strategy, strategies) {
   auto comm = cohort::make_communicator<Strategy>();

@@ -189,6 +189,15 @@ public:
     call([&](auto& c) { c.reduce_scatter(in, out, op); });
   }
   template <class In, class Out>
+  void allgather(const In& in, Out& out, std::span<const std::size_t> counts) {
+    call([&](auto& c) { c.allgather(in, out, counts); });
+  }
+  template <class In, class Out>
+  void reduce_scatter(const In& in, Out& out, std::span<const std::size_t> counts,
+                      reduce_op op = reduce_op::sum) {
+    call([&](auto& c) { c.reduce_scatter(in, out, counts, op); });
+  }
+  template <class In, class Out>
   void gather(const In& in, Out& out, int root = 0) {
     call([&](auto& c) { c.gather(in, out, root); });
   }

@@ -6,6 +6,7 @@
 // template, so that it is compiled once; basic_communicator<Strategy> adds what depends on the
 // strategy (construction, parameters and gradients).
 
+#include <cohort/communicator/engine/agreed_views.hpp>
 #include <cohort/communicator/engine/checks.hpp>
 #include <cohort/communicator/engine/object_collectives.hpp>
 #include <cohort/communicator/options.hpp>
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -145,17 +147,17 @@ public:
   requires host_tensor<In> && host_tensor<Out>
   void allgather(const In& in, Out& out) {
     detail::operation_scope scope("allgather");
-    const auto [i, o] = agreed_blocks(in, out, "allgather", false, 0, "");
-    const auto watch = checks_.watch_transfer("allgather", o.size_bytes());
-    mpi::allgather(comm_, i, o);
+    const auto v = agreed_blocks(in, out, "allgather", false, 0, "");
+    const auto watch = checks_.watch_transfer("allgather", v.out.size_bytes());
+    mpi::allgather(comm_, v.in, v.out);
   }
 
   //! Non-blocking `allgather`.
   template <tensor In, writable_tensor Out>
   requires host_tensor<In> && host_tensor<Out> mpi::request iallgather(const In& in, Out& out) {
     detail::operation_scope scope("iallgather");
-    const auto [i, o] = agreed_blocks(in, out, "iallgather", false, 0, "");
-    return mpi::iallgather(comm_, i, o);
+    const auto v = agreed_blocks(in, out, "iallgather", false, 0, "");
+    return mpi::iallgather(comm_, v.in, v.out);
   }
 
   //! Reduces `in` (size() * n elements) over all ranks; rank r gets block r in `out` (n).
@@ -163,9 +165,33 @@ public:
   requires host_tensor<In> && host_tensor<Out>
   void reduce_scatter(const In& in, Out& out, reduce_op op = reduce_op::sum) {
     detail::operation_scope scope("reduce_scatter");
-    const auto [i, o] = agreed_blocks(in, out, "reduce_scatter", true, static_cast<int>(op), "op");
+    const auto v = agreed_blocks(in, out, "reduce_scatter", true, static_cast<int>(op), "op");
+    const auto watch = checks_.watch_transfer("reduce_scatter", v.in.size_bytes());
+    mpi::reduce_scatter(comm_, v.in, v.out, op);
+  }
+
+  //! `allgather` of blocks of any size: rank r's `in` holds counts[r] elements (0 too), `out`
+  //! their sum, rank r's after the ranks' before it. Every rank passes the same `counts`.
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void allgather(const In& in, Out& out, std::span<const std::size_t> counts) {
+    detail::operation_scope scope("allgather");
+    const auto [i, o, mpi_counts] = agreed_blocks(in, out, "allgather", false, 0, "", counts);
+    const auto watch = checks_.watch_transfer("allgather", o.size_bytes());
+    mpi::allgather(comm_, i, o, mpi_counts.first, mpi_counts.second);
+  }
+
+  //! `reduce_scatter` of blocks of any size: `in` holds the sum of `counts`, and rank r gets the
+  //! reduction of its block (counts[r] elements, 0 too) in `out`. The same `counts` everywhere.
+  template <tensor In, writable_tensor Out>
+  requires host_tensor<In> && host_tensor<Out>
+  void reduce_scatter(const In& in, Out& out, std::span<const std::size_t> counts,
+                      reduce_op op = reduce_op::sum) {
+    detail::operation_scope scope("reduce_scatter");
+    const auto [i, o, mpi_counts] =
+        agreed_blocks(in, out, "reduce_scatter", true, static_cast<int>(op), "op", counts);
     const auto watch = checks_.watch_transfer("reduce_scatter", i.size_bytes());
-    mpi::reduce_scatter(comm_, i, o, op);
+    mpi::reduce_scatter(comm_, i, o, mpi_counts.first, op);
   }
 
   //! Gathers every rank's `in` into `root`'s `out` (size() * in's size elements, rank r's at
@@ -337,15 +363,11 @@ protected:
 
   template <class T>
   tensor_view host_view(T& t, std::string_view what) const {
-    const tensor_view v = make_view(t, what);
-    require_host(v.location, what);
-    return v;
+    return engine::host_view(checks_, t, what);
   }
   template <class T>
   const_tensor_view host_const_view(const T& t, std::string_view what) const {
-    const const_tensor_view v = make_const_view(t, what);
-    require_host(v.location, what);
-    return v;
+    return engine::host_const_view(checks_, t, what);
   }
 
   static boost::mpi::communicator checked_duplicate(const boost::mpi::communicator& comm) {
@@ -356,64 +378,21 @@ protected:
   }
 
 private:
-  // A front door's view of one tensor, checked locally and then agreed on by every rank (its
-  // count, dtype and one detail: the op, or the root when `rooted`).
   template <class T>
   tensor_view agreed_view(T& t, const char* operation, int value, std::string_view name,
                           bool rooted = false) {
-    tensor_view v;
-    const std::string problem = engine::local_checks([&] {
-      v = host_view(t, operation);
-      if (rooted) {
-        checks_.check_root(value, operation);
-      }
-    });
-    checks_.agree(operation, v.count, v.type, value, name, problem);
-    return v;
+    return engine::agreed_view(checks_, t, operation, value, name, rooted);
   }
-
-  // The same for a gather (in is the block) or a scatter (out is), whose whole exists on `root`
-  // only: the ranks agree on the block's count and dtype, and on the root.
   template <class In, class Out>
   std::pair<const_tensor_view, tensor_view>
   rooted_blocks(const In& in, Out& out, const char* operation, bool out_is_block, int root) {
-    const_tensor_view i;
-    tensor_view o;
-    const std::string problem = engine::local_checks([&] {
-      checks_.check_root(root, operation);
-      const bool whole_here = rank() == root;
-      if (out_is_block || whole_here) {
-        o = host_view(out, operation);
-      }
-      if (!out_is_block || whole_here) {
-        i = host_const_view(in, operation);
-      }
-      if (whole_here) {
-        out_is_block ? checks_.check_blocks(o, i, operation)
-                     : checks_.check_blocks(i, o, operation);
-      }
-    });
-    const const_tensor_view block = out_is_block ? const_tensor_view(o) : i;
-    checks_.agree(operation, block.count, block.type, root, "root", problem);
-    return {i, o};
+    return engine::rooted_blocks(checks_, in, out, operation, out_is_block, root);
   }
-
-  // The same for a per-rank block and a size()-rank whole (allgather: in is the block; reduce-
-  // scatter: out is).
   template <class In, class Out>
-  std::pair<const_tensor_view, tensor_view> agreed_blocks(const In& in, Out& out,
-                                                          const char* operation, bool out_is_block,
-                                                          int value, std::string_view name) {
-    const_tensor_view i;
-    tensor_view o;
-    const std::string problem = engine::local_checks([&] {
-      i = host_const_view(in, operation);
-      o = host_view(out, operation);
-      out_is_block ? checks_.check_blocks(o, i, operation) : checks_.check_blocks(i, o, operation);
-    });
-    const const_tensor_view block = out_is_block ? const_tensor_view(o) : i;
-    checks_.agree(operation, block.count, block.type, value, name, problem);
-    return {i, o};
+  engine::agreed_block_views agreed_blocks(const In& in, Out& out, const char* operation,
+                                           bool out_is_block, int value, std::string_view name,
+                                           std::span<const std::size_t> counts = {}) {
+    return engine::agreed_blocks(checks_, in, out, operation, out_is_block, value, name, counts);
   }
 
   engine::checks checks_; // first: made first (the rest is made under its rendezvous), gone last

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -260,6 +261,25 @@ inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
   check(MPI_Reduce_scatter_block(in.data, out.data, n, datatype(in.type), op(operation, in.type),
                                  comm),
         "MPI_Reduce_scatter_block", comm);
+}
+
+//! Reduce-scatter with blocks of any size: `in` holds the sum of `counts` elements; rank r gets
+//! the reduction of its block (counts[r] elements, after the blocks of the ranks before it).
+inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
+                           std::span<const int> counts, reduce_op operation) {
+  check(MPI_Reduce_scatter(in.data, out.data, counts.data(), datatype(in.type),
+                           op(operation, in.type), comm),
+        "MPI_Reduce_scatter", comm);
+}
+
+//! All-gather with blocks of any size: `out` holds rank r's block (counts[r] elements) at
+//! `displacements[r]`.
+inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out,
+                      std::span<const int> counts, std::span<const int> displacements) {
+  const MPI_Datatype type = datatype(in.type);
+  check(MPI_Allgatherv(in.data, counts[static_cast<std::size_t>(rank_of(comm))], type, out.data,
+                       counts.data(), displacements.data(), type, comm),
+        "MPI_Allgatherv", comm);
 }
 
 //! Gather: `root`'s `out` holds `in.count * size` elements, rank r's block at `r * in.count`;

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -105,6 +106,12 @@ public:
   void agree(const char* operation, std::size_t count, dtype type, int detail_value,
              std::string_view detail_name, const std::string& problem = {}) const;
 
+  //! `agree` for a call with blocks of any size: every count (one per rank), the dtype and one
+  //! integer detail; `bytes` is what the call moves.
+  void agree_on_counts(const char* operation, std::span<const std::size_t> counts, dtype type,
+                       int detail_value, std::string_view detail_name, const std::string& problem,
+                       std::size_t bytes) const;
+
   //! `agree` for an all-reduce of `data` with `op`, which it may do itself: with the check on,
   //! data of at most liveness::max_carried_bytes travels in the agreement's own messages and is
   //! reduced there (one round trip instead of two), and the result is true: `data` holds the
@@ -175,6 +182,13 @@ public:
   //! `block` holds n elements and `whole` size() * n, of the same dtype.
   void check_blocks(const_tensor_view block, const_tensor_view whole,
                     std::string_view operation) const;
+
+  //! `counts` has one count per rank, `block` counts[rank()] elements and `whole` their sum, of
+  //! the same dtype, within what one MPI call takes (int counts and offsets). Returns the counts
+  //! and the offsets (where each rank's block begins in `whole`) as MPI takes them.
+  std::pair<std::vector<int>, std::vector<int>>
+  check_variable_blocks(const_tensor_view block, const_tensor_view whole,
+                        std::span<const std::size_t> counts, std::string_view operation) const;
 
   //! Throws unless `in` and `out` have one dtype and one count, a multiple of the ranks (alltoall).
   void check_exchange(const_tensor_view in, const_tensor_view out,

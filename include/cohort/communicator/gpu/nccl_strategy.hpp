@@ -145,6 +145,10 @@ public:
     });
   }
 
+  // Blocks of any size (communicator_base's): host memory only, for now.
+  using base::allgather;
+  using base::reduce_scatter;
+
   template <tensor In, writable_tensor Out>
   void allgather(const In& in, Out& out) {
     if constexpr (host_tensor<In> && host_tensor<Out>) {

@@ -8,8 +8,10 @@
 
 #include <boost/core/demangle.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -82,6 +84,33 @@ COHORT_DECL void checks::agree(const char* operation, std::size_t count, dtype t
         return std::vector<engine::signature_entry>{{"the tensor", described}};
       },
       problem, count * size_of(type));
+}
+
+COHORT_DECL void checks::agree_on_counts(const char* operation, std::span<const std::size_t> counts,
+                                         dtype type, int detail_value, std::string_view detail_name,
+                                         const std::string& problem, std::size_t bytes) const {
+  detail::fingerprint f;
+  f.add(operation).add(counts.size()).add(static_cast<std::uint64_t>(type));
+  f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(detail_value)));
+  for (const std::size_t count : counts) {
+    f.add(count);
+  }
+  settle(
+      operation, f.value(),
+      [&] {
+        std::string listed;
+        for (const std::size_t count : counts) {
+          listed += (listed.empty() ? "" : ", ") + std::to_string(count);
+        }
+        std::string described(to_string(type));
+        if (!detail_name.empty()) {
+          described += " (" + std::string(detail_name) + " " +
+                       std::string(to_string(static_cast<reduce_op>(detail_value))) + ")";
+        }
+        return std::vector<engine::signature_entry>{{"the counts", listed},
+                                                    {"the tensor", described}};
+      },
+      problem, bytes);
 }
 
 COHORT_DECL bool checks::agree_reducing(const char* operation, tensor_view data, reduce_op op,
@@ -266,6 +295,47 @@ COHORT_DECL void checks::check_blocks(const_tensor_view block, const_tensor_view
         std::to_string(size()) + "-rank tensor needs " + std::to_string(expected) +
         ", but it has " + std::to_string(whole.count));
   }
+}
+
+COHORT_DECL std::pair<std::vector<int>, std::vector<int>>
+checks::check_variable_blocks(const_tensor_view block, const_tensor_view whole,
+                              std::span<const std::size_t> counts,
+                              std::string_view operation) const {
+  const std::string where =
+      "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": ";
+  if (counts.size() != static_cast<std::size_t>(size())) {
+    throw invalid_argument(where + "the counts have " + std::to_string(counts.size()) +
+                           " entries, not one per rank (" + std::to_string(size()) + ")");
+  }
+  if (block.type != whole.type) {
+    throw invalid_argument(where + "the per-rank tensor is " + std::string(to_string(block.type)) +
+                           " but the " + std::to_string(size()) + "-rank tensor is " +
+                           std::string(to_string(whole.type)));
+  }
+  std::pair<std::vector<int>, std::vector<int>> mpi_counts;
+  auto& [ints, offsets] = mpi_counts;
+  std::size_t total = 0;
+  for (const std::size_t count : counts) {
+    offsets.push_back(static_cast<int>(std::min<std::size_t>(total, INT_MAX)));
+    ints.push_back(static_cast<int>(std::min<std::size_t>(count, INT_MAX)));
+    total += count;
+  }
+  if (total > static_cast<std::size_t>(INT_MAX)) {
+    throw invalid_argument(where + "the counts add up to " + std::to_string(total) +
+                           " elements, more than one MPI call takes (INT_MAX, " +
+                           std::to_string(INT_MAX) + ")");
+  }
+  const std::size_t mine = counts[static_cast<std::size_t>(rank())];
+  if (block.count != mine) {
+    throw invalid_argument(where + "the per-rank tensor has " + std::to_string(block.count) +
+                           " elements, but this rank's count is " + std::to_string(mine));
+  }
+  if (whole.count != total) {
+    throw invalid_argument(where + "the counts add up to " + std::to_string(total) +
+                           " elements, but the " + std::to_string(size()) + "-rank tensor has " +
+                           std::to_string(whole.count));
+  }
+  return mpi_counts;
 }
 
 COHORT_DECL void checks::check_exchange(const_tensor_view in, const_tensor_view out,
