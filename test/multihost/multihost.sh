@@ -76,6 +76,11 @@ export -f one_host across
 export cluster
 accuracy_of() { sed -n 's/^test accuracy: \([0-9][0-9.]*\)$/\1/p' "$1"; }
 weights_of() { grep "final weights" "$1" || fail "$1 printed no weights: $(tail -5 "$1")"; }
+# The step of the newest complete checkpoint in DIR (cohort::checkpointer's step-<step>/MANIFEST).
+newest_step() {
+  ls -d "$1"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
+    sort -n | tail -n 1 || true
+}
 work=$(mktemp -d /tmp/cohort-multihost.XXXXXX)
 trap '"$cluster" down; rm -rf "$work"' EXIT # (the ranks gone before their files)
 
@@ -174,8 +179,7 @@ case "$mode" in
     # The fault once a checkpoint of step 20 or later is complete.
     newest=
     for _ in $(seq 1 2400); do
-      newest=$(ls -d "$ckpt"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
-        sort -n | tail -n 1 || true)
+      newest=$(newest_step "$ckpt")
       [ -n "$newest" ] && [ "$newest" -ge 20 ] && break
       kill -0 "$job" 2>/dev/null || fail "the job ended before the fault: $(tail -5 "$work/job.txt")"
       sleep 0.05
@@ -269,10 +273,6 @@ case "$mode" in
     # A launcher still running when the test fails is told to stop (it ends its job).
     job=
     trap 'if [ -n "$job" ]; then kill -TERM "$job" 2>/dev/null || true; fi; "$cluster" down; rm -rf "$work"' EXIT
-    newest_step() {
-      ls -d "$1"/step-*/MANIFEST 2>/dev/null | sed 's|.*/step-0*\([0-9]*\)/MANIFEST|\1|' |
-        sort -n | tail -n 1 || true
-    }
     case "$scenario" in
       lost-host)
         # The run without a fault, through cohort-run too, saving at the same steps.
