@@ -43,5 +43,7 @@
 #include <cohort/training/evaluator.hpp>
 #include <cohort/training/multi_node_iterator.hpp>
 #include <cohort/training/scatter_dataset.hpp>
+#include <cohort/training/shard_plan.hpp>
+#include <cohort/training/sharded_optimizer.hpp>
 #include <cohort/transport/mpi.hpp>
 #include <cohort/version.hpp>

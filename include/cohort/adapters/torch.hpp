@@ -16,6 +16,7 @@
 
 #include <cohort/adapters/torch/batch_norm.hpp>
 #include <cohort/adapters/torch/distributed_optimizer.hpp>
+#include <cohort/adapters/torch/sharded_optimizer.hpp>
 #include <cohort/adapters/torch/distributed_sampler.hpp>
 #include <cohort/adapters/torch/evaluate.hpp>
 #include <cohort/adapters/torch/functions.hpp>

@@ -411,6 +411,16 @@ protected:
   static constexpr bool device_strategy() { return detail::is_device_strategy<Strategy>(); }
 
 private:
+  friend strategy_access;
+
+  // A packed bucket of a scattered reduction (grad_sync_options::owners), reduce-scattered over
+  // every rank on the gradient channel: what a host strategy does unless it says otherwise
+  // (`exchange_scatter`). Hierarchy-aware strategies scatter flat too: sharding halves the
+  // bytes each rank sends, whatever the topology.
+  void reduce_scatter_bucket(tensor_view bucket, std::span<const int> blocks, reduce_op op) {
+    mpi::reduce_scatter_in_place(grad_comm(), bucket, blocks, op);
+  }
+
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
 
   engine::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
@@ -429,14 +439,18 @@ private:
       lane = &syncs_->lane_for(checks(), nullptr);
     }
     collect(lane->slots(), lane->names());
-    lane->reduce_blocking(checks(), strategy(), reduction_table(reducer, size()), options.missing,
-                          local_problem(*lane));
+    lane->reduce_blocking(checks(), strategy(),
+                          reduction_table(reducer, size()).scattered_to(options.owners, rank()),
+                          options.missing, local_problem(*lane, options.owners));
   }
 
   // What this rank's own checks find in the slots read: memory the strategy cannot reduce.
   // Agreed on with the layout, so that it is an error on every rank.
-  std::string local_problem(const engine::grad_sync& lane) {
+  std::string local_problem(const engine::grad_sync& lane, std::span<const int> owners = {}) {
     return engine::local_checks([&] {
+      if (!owners.empty()) {
+        engine::check_owners(owners, lane.slots(), rank(), size(), device_strategy());
+      }
       for (const grad_slot& slot : lane.slots()) {
         if (slot.state != slot_state::ok || slot.grad.count == 0) {
           continue;
@@ -476,8 +490,9 @@ private:
     params.collect(options.missing, lane.slots(), lane.names());
     params.remember(lane.elements());
     lane.elements_of() = params.address();
-    syncs_->begin(lane, checks(), strategy(), reduction_table(reducer, size()), options.missing,
-                  owner, local_problem(lane));
+    syncs_->begin(lane, checks(), strategy(),
+                  reduction_table(reducer, size()).scattered_to(options.owners, rank()),
+                  options.missing, owner, local_problem(lane, options.owners));
     return lane;
   }
 

@@ -5,10 +5,14 @@
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/reducer/concepts.hpp>
+#include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 
 #include <boost/mpi/communicator.hpp>
 
 #include <cstddef>
+#include <cstring>
+#include <numeric>
 #include <span>
 
 namespace cohort {
@@ -29,6 +33,15 @@ private:
   friend strategy_access;
 
   void exchange(tensor_view, reduce_op) {}
+
+  // Nothing is summed; this rank's block goes where a reduce-scatter leaves it (the front).
+  void exchange_scatter(tensor_view bucket, std::span<const int> blocks, reduce_op) {
+    const auto before = std::accumulate(blocks.begin(), blocks.begin() + rank(), std::size_t{0});
+    auto* bytes = static_cast<std::byte*>(bucket.data);
+    std::memmove(bytes, bytes + before * size_of(bucket.type),
+                 static_cast<std::size_t>(blocks[static_cast<std::size_t>(rank())]) *
+                     size_of(bucket.type));
+  }
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -39,6 +39,12 @@ enum class missing_grad {
 //! Options of one gradient synchronisation.
 struct grad_sync_options {
   missing_grad missing = missing_grad::report;
+  //! Empty: every rank gets every reduced gradient (an all-reduce). Otherwise one rank per
+  //! parameter, in the set's order (a sharded optimizer's `shard_plan::owner`): the gradients are
+  //! reduce-scattered, and parameter i's reduced gradient reaches rank `owners[i]` alone; the
+  //! others keep their own, unreduced. Same bytes on the wire as half an all-reduce. Host
+  //! strategies only; not with a gradient hook. The span must outlive the reduction.
+  std::span<const int> owners = {};
 };
 
 //! What becomes of an overlapped reduction's gradients once it is waited for: the ranks compare it
@@ -179,6 +185,19 @@ grad_slot reread_parameter(Params& params, std::size_t index, std::span<void* co
   }
 }
 
+//! Every parameter's value as a writable view, and its name.
+template <parameter_set Params>
+void collect_values(Params& params, std::vector<tensor_view>& values,
+                    std::vector<std::string>& names) {
+  values.clear();
+  names.clear();
+  for (auto&& p : params) {
+    using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
+    names.emplace_back(std::string_view(traits::name(p)));
+    values.push_back(make_view(traits::value(p), "the value of parameter '" + names.back() + "'"));
+  }
+}
+
 } // namespace detail
 
 //! A parameter set whose type is erased, once: what the communicator reads from a set (every
@@ -210,12 +229,18 @@ public:
   }
   //! The set's address: which set this is.
   const void* address() const noexcept { return set_; }
+  //! Reads every parameter's value into `values` (a writable view each) and its name into
+  //! `names`. Throws `invalid_argument` naming a value that is not contiguous.
+  void values(std::vector<tensor_view>& values, std::vector<std::string>& names) const {
+    operations_->values(set_, values, names);
+  }
 
 private:
   struct operations {
     void (*collect)(void*, missing_grad, std::vector<grad_slot>&, std::vector<std::string>&);
     void (*remember)(void*, std::vector<void*>&);
     grad_slot (*reread)(void*, std::size_t, std::span<void* const>, missing_grad);
+    void (*values)(void*, std::vector<tensor_view>&, std::vector<std::string>&);
     bool remembers_elements;
   };
   template <class Params>
@@ -229,6 +254,9 @@ private:
       },
       [](void* set, std::size_t index, std::span<void* const> elements, missing_grad missing) {
         return detail::reread_parameter(*static_cast<Params*>(set), index, elements, missing);
+      },
+      [](void* set, std::vector<tensor_view>& values, std::vector<std::string>& names) {
+        detail::collect_values(*static_cast<Params*>(set), values, names);
       },
       detail::remembers_elements<Params>};
 

@@ -43,7 +43,8 @@ constexpr bool is_device_strategy() {
 class strategy_access {
 public:
   //! `strategy` as the engine sees it: its `reduce_gradients` (and `prepare_gradients`, if
-  //! any) for a device strategy, its `exchange` (and `prepare_exchange`, if any) for a host one.
+  //! any) for a device strategy, its `exchange` (and `prepare_exchange`, `exchange_scatter`, if
+  //! any) for a host one.
   template <class Strategy>
   static engine::strategy_ref ref(Strategy& strategy) noexcept {
     engine::strategy_ref s;
@@ -67,6 +68,18 @@ public:
       s.exchange = [](void* p, tensor_view bucket, reduce_op op) {
         static_cast<Strategy*>(p)->exchange(bucket, op);
       };
+      if constexpr (requires(Strategy & st, tensor_view b, std::span<const int> blocks,
+                             reduce_op op) { st.exchange_scatter(b, blocks, op); }) {
+        s.exchange_scatter = [](void* p, tensor_view bucket, std::span<const int> blocks,
+                                reduce_op op) {
+          static_cast<Strategy*>(p)->exchange_scatter(bucket, blocks, op);
+        };
+      } else { // (basic_communicator's: MPI_Reduce_scatter over every rank)
+        s.exchange_scatter = [](void* p, tensor_view bucket, std::span<const int> blocks,
+                                reduce_op op) {
+          static_cast<Strategy*>(p)->reduce_scatter_bucket(bucket, blocks, op);
+        };
+      }
       if constexpr (requires { requires Strategy::exchange_is_allreduce; }) {
         s.exchange_is_allreduce = true;
       }

@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -85,7 +86,8 @@ struct hook_calls {
 class reduction_table {
 public:
   template <reducer Reducer>
-  constexpr reduction_table(const Reducer& reducer, int ranks) {
+  constexpr reduction_table(const Reducer& reducer, int ranks)
+      : ranks_(ranks) {
     for (const dtype type : all_dtypes) {
       plans_[dtype_index(type)] = reducer.plan(type, ranks);
     }
@@ -109,12 +111,27 @@ public:
   }
   constexpr std::uint32_t hooked_mask() const noexcept { return hooked_; }
 
-  friend constexpr bool operator==(const reduction_table&, const reduction_table&) = default;
+  //! The same reduction, reduce-scattered: gradient i's reduced value reaches rank `owners[i]`
+  //! alone (`grad_sync_options::owners`; empty: an all-reduce). `rank` is this rank.
+  constexpr reduction_table scattered_to(std::span<const int> owners, int rank) const noexcept {
+    reduction_table scattered = *this;
+    scattered.owners_ = owners;
+    scattered.rank_ = rank;
+    return scattered;
+  }
+  //! Whose each reduced gradient is (empty: every rank's).
+  constexpr std::span<const int> owners() const noexcept { return owners_; }
+  constexpr bool scattered() const noexcept { return !owners_.empty(); }
+  constexpr int rank() const noexcept { return rank_; }
+  constexpr int ranks() const noexcept { return ranks_; }
 
 private:
   std::array<grad_reduction, dtype_count> plans_{};
   hook_ref hook_{};
   std::uint32_t hooked_ = 0;
+  int ranks_ = 1;
+  std::span<const int> owners_{};
+  int rank_ = 0;
 };
 
 } // namespace COHORT_ABI_NAMESPACE

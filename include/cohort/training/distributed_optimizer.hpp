@@ -9,6 +9,7 @@
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/reducer/mean.hpp>
 #include <cohort/tensor/parameter.hpp>
+#include <cohort/training/detail/gradient_copies.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +26,10 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+
+namespace detail {
+struct optimizer_sharding; // sharded_optimizer's way in: see sharded_optimizer.hpp
+} // namespace detail
 
 //! Anything that updates parameters from their gradients with `step()`.
 template <class O>
@@ -207,7 +212,7 @@ public:
                              "error); step() reduces it blocking, or skip_step() drops it");
     }
     try {
-      comm_->grad_ready_for(this, params_, reducer_, grad_sync_options{options_.missing}, index);
+      comm_->grad_ready_for(this, params_, reducer_, sync_options(), index);
     } catch (...) {
       if (!comm_->grad_sync_pending_for(this)) {
         const std::lock_guard lock(failed_mutex_);
@@ -259,9 +264,9 @@ public:
       if (options_.double_buffering && comm_->grad_sync_pending_for(this)) {
         // The gradients are read again: they may have moved since the last step.
         params_.collect(options_.missing, slots_, names_);
-        require_same_layout("finish");
+        copies_.require_same_layout(slots_, comm_->rank(), "finish");
         comm_->wait_grad_sync(step_end::update, {}, this);
-        swap_copies();
+        copies_.swap_with(slots_);
         inner_.step();
       }
     }
@@ -323,6 +328,8 @@ public:
   const Reducer& reducer() const noexcept { return reducer_; }
 
 private:
+  friend struct detail::optimizer_sharding;
+
   // This step's reduction: the one this optimizer's hooks began, or a blocking one (which the
   // communicator refuses, naming it, while another optimizer's reduction is pending).
   void reduce() {
@@ -335,7 +342,7 @@ private:
         return; // a later optimizer's step ended this one's reduction, its gradients kept
       }
     }
-    comm_->allreduce_grad(params_, reducer_, grad_sync_options{options_.missing});
+    comm_->allreduce_grad(params_, reducer_, sync_options());
   }
 
   // Waits for this optimizer's overlapped reduction, its gradients as they are now compared with
@@ -370,7 +377,18 @@ private:
 
   void clear_failed_start() noexcept { start_failed_.store(false, std::memory_order_relaxed); }
 
+  grad_sync_options sync_options() const noexcept { return {options_.missing, owners_}; }
+
   void require_averaging(const std::string& what) const {
+    if (!owners_.empty()) {
+      // Reduce-scattered, only the owner's copy of a gradient is reduced: the others' sum with a
+      // new backward would no longer add up to the mean.
+      throw invalid_argument("cohort: " + what + " on rank " + std::to_string(comm_->rank()) +
+                             ": with gradients sharded (stage 2), a gradient is reduced on its "
+                             "owner alone, and a backward onto reduced gradients cannot be "
+                             "reduced again: wrap every backward but the step's last in "
+                             "no_sync()");
+    }
     if (!averages()) {
       throw invalid_argument("cohort: " + what + " on rank " + std::to_string(comm_->rank()) +
                              ": this step's gradients are reduced already, and reducing them "
@@ -399,13 +417,13 @@ private:
       params_.collect(options_.missing, slots_, names_);
       comm_->validate_grad_sync(std::span<const grad_slot>(slots_), reducer_, options_.missing);
       if (had_previous) {
-        require_same_layout("step");
+        copies_.require_same_layout(slots_, comm_->rank(), "step");
         comm_->wait_grad_sync(step_end::update, {}, this);
       } else {
-        make_copies();
+        copies_.make(slots_);
       }
-      swap_copies();
-      comm_->start_grad_sync(std::span<const grad_slot>(copy_slots_), reducer_, this);
+      copies_.swap_with(slots_);
+      comm_->start_grad_sync(copies_.slots(), reducer_, this);
       comm_->mark_all_ready(this);
       return had_previous;
     } else {
@@ -413,47 +431,12 @@ private:
     }
   }
 
-  void make_copies() {
-    copies_.resize(slots_.size());
-    copy_names_.resize(slots_.size());
-    copy_slots_.resize(slots_.size());
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      copies_[i].assign(slots_[i].grad.size_bytes(), std::byte{0});
-      copy_names_[i].assign(slots_[i].name);
-      copy_slots_[i] = slots_[i];
-      copy_slots_[i].grad.data = copies_[i].data();
-    }
-    // Only now that the names have stopped moving may the views point into them.
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      copy_slots_[i].name = copy_names_[i];
-    }
-  }
-
-  // The reduced copy goes back to the parameter it came from, or nowhere.
-  void require_same_layout(std::string_view operation) const {
-    const bool same = std::ranges::equal(slots_, copy_slots_, [](const auto& a, const auto& b) {
-      return a.name == b.name && a.grad.count == b.grad.count && a.grad.type == b.grad.type;
-    });
-    if (!same) {
-      throw invalid_argument("cohort: distributed_optimizer::" + std::string(operation) +
-                             " on rank " + std::to_string(comm_->rank()) +
-                             ": with double_buffering the parameters must keep their names, "
-                             "sizes and dtypes from step to step");
-    }
-  }
-
-  void swap_copies() {
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      auto* grad = static_cast<std::byte*>(slots_[i].grad.data);
-      std::swap_ranges(grad, grad + slots_[i].grad.size_bytes(), copies_[i].begin());
-    }
-  }
-
   Optimizer inner_;
   communicator_type* comm_;
   Reducer reducer_;
   distributed_optimizer_options options_;
-  parameter_source params_; // the one erasure of the parameter set, the communicator's own
+  parameter_source params_;     // the one erasure of the parameter set, the communicator's own
+  std::span<const int> owners_; // reduce-scattered to these (sharded_optimizer's stage 2)
   // Read by hooks on other threads (LibTorch's autograd engine), hence atomic.
   std::atomic<int> no_sync_depth_{0};
   std::atomic<bool> synchronized_{false};
@@ -465,9 +448,7 @@ private:
   // Double buffering: the gradients' views this step, and the copies being reduced.
   std::vector<grad_slot> slots_;
   std::vector<std::string> names_;
-  std::vector<std::vector<std::byte>> copies_;
-  std::vector<std::string> copy_names_;
-  std::vector<grad_slot> copy_slots_;
+  detail::gradient_copies copies_;
 };
 
 template <class Optimizer, class Communicator, class Params>

@@ -115,7 +115,7 @@ inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed,
   return order;
 }
 
-struct shard_plan {
+struct dataset_split {
   std::uint64_t total = 0;
   bool shuffle = false;
   std::uint64_t seed = 0;
@@ -134,10 +134,10 @@ struct shard_plan {
 };
 
 template <communicator Communicator>
-shard_plan agree_on_plan(Communicator& comm, std::size_t n, const scatter_options& options,
-                         const char* operation, bool every_rank_knows_n) {
+dataset_split agree_on_plan(Communicator& comm, std::size_t n, const scatter_options& options,
+                            const char* operation, bool every_rank_knows_n) {
   // The root's plan first: bcast_obj settles a bad or disputed root on every rank alike.
-  shard_plan plan;
+  dataset_split plan;
   if (comm.rank() == options.root) {
     plan.total = n;
     plan.shuffle = options.shuffle;

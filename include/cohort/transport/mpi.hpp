@@ -272,6 +272,16 @@ inline void reduce_scatter(MPI_Comm comm, const_tensor_view in, tensor_view out,
         "MPI_Reduce_scatter", comm);
 }
 
+//! Reduce-scatter in place, with blocks of any size: `data` holds the sum of `counts` elements;
+//! rank r's block (counts[r] elements, after the blocks of the ranks before it), reduced, is left
+//! at the front of `data` on rank r (MPI_IN_PLACE); the rest of `data` is undefined.
+inline void reduce_scatter_in_place(MPI_Comm comm, tensor_view data, std::span<const int> counts,
+                                    reduce_op operation) {
+  check(MPI_Reduce_scatter(MPI_IN_PLACE, data.data, counts.data(), datatype(data.type),
+                           op(operation, data.type), comm),
+        "MPI_Reduce_scatter", comm);
+}
+
 //! All-gather with blocks of any size: `out` holds rank r's block (counts[r] elements) at
 //! `displacements[r]`.
 inline void allgather(MPI_Comm comm, const_tensor_view in, tensor_view out,

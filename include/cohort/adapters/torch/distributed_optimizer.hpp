@@ -15,9 +15,12 @@
 // `Node::add_post_hook`, `Tensor::register_hook`, `Engine::queue_callback`), not c10d.
 
 #include <cohort/adapters/torch/detail/in_flight.hpp>
+#include <cohort/adapters/torch/detail/shard.hpp>
 #include <cohort/adapters/torch/detail/step_settings.hpp>
+#include <cohort/adapters/torch/detail/stepper.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
+#include <cohort/adapters/torch/stream_order.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/window.hpp>
 #include <cohort/communicator/concepts.hpp>
@@ -55,58 +58,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace torch {
-namespace detail {
-
-// The wrapped optimizer's own step (the wrapper is one: its `step` overrides it), as cohort's
-// optimizer concept sees it: `step()` without a closure. LBFGS has none (it needs the closure):
-// its steps go through step(closure), and a plain step() is refused by name.
-template <class Optimizer>
-struct stepper {
-  Optimizer* optimizer;
-  void step() {
-    if constexpr (requires { optimizer->Optimizer::step(); }) {
-      optimizer->Optimizer::step();
-    } else {
-      throw invalid_argument("cohort::torch::distributed_optimizer: this optimizer steps with a "
-                             "closure only (LBFGS): call step(closure)");
-    }
-  }
-};
-
-// Whether `Communicator` reduces device memory (a GPU strategy, or a run-time choice of them).
-template <class Communicator>
-constexpr bool reduces_device_memory() {
-  return requires {
-    requires Communicator::reduces_gpu_memory;
-  };
-}
-
-// Whether it may: a run-time choice among host and GPU strategies, whose stream no one could
-// follow (refused by stream_order below).
-template <class Communicator>
-constexpr bool may_reduce_device_memory() {
-  return reduces_device_memory<Communicator>() || requires {
-    requires Communicator::may_reduce_gpu_memory;
-  };
-}
-
-} // namespace detail
-
-//! How cohort's work is ordered with LibTorch's. A host strategy needs nothing: the gradients are
-//! CPU tensors, complete when backward returns, and reduced when cohort's call returns. A GPU
-//! strategy queues its work after LibTorch's current CUDA stream and LibTorch's after it: that
-//! is the specialization of <cohort/adapters/torch/cuda.hpp>, which a translation unit (nvcc's)
-//! that uses a GPU strategy includes.
-template <class Communicator>
-struct stream_order {
-  static_assert(!detail::may_reduce_device_memory<Communicator>(),
-                "cohort::torch::distributed_optimizer over a GPU strategy: #include "
-                "<cohort/adapters/torch/cuda.hpp> (cohort's work follows LibTorch's current "
-                "CUDA stream); a run-time choice that mixes host and GPU strategies has no "
-                "stream to follow: choose among GPU strategies only (any_gpu_communicator)");
-  static void follow(Communicator&, const std::vector<parameter>&) noexcept {}
-};
-
 //! Options of `cohort::torch::distributed_optimizer`.
 struct distributed_options {
   //! Reduce buckets while backward runs (hooks on the AccumulateGrad nodes). Host strategies
@@ -151,6 +102,18 @@ public:
   //! over `module`'s parameters.
   distributed_optimizer(Optimizer optimizer, Communicator& comm, const ::torch::nn::Module& module,
                         distributed_options options = {}, Reducer reducer = {})
+      : distributed_optimizer(std::move(optimizer), comm, module, options, std::move(reducer),
+                              std::nullopt) {}
+
+  distributed_optimizer(const distributed_optimizer&) = delete;
+  distributed_optimizer& operator=(const distributed_optimizer&) = delete;
+
+protected:
+  //! With `sharding`, the optimizer's state (and at stage 2 the reduced gradients) are sharded:
+  //! see cohort::torch::sharded_optimizer.
+  distributed_optimizer(Optimizer optimizer, Communicator& comm, const ::torch::nn::Module& module,
+                        distributed_options options, Reducer reducer,
+                        std::optional<zero_stage> sharding)
       : Optimizer(std::move(optimizer))
       , detail::distributed_wrapper(typeid(Optimizer))
       , options_(require_possible(options))
@@ -158,7 +121,9 @@ public:
       , buffers_(torch::buffers(module))
       , named_(torch::all_parameters(module))
       , settings_(*this)
-      , sync_(detail::stepper<Optimizer>{this}, comm, params_,
+      , shard_(sharding ? std::make_unique<detail::shard<Communicator>>(comm, params_, *sharding)
+                        : nullptr)
+      , sync_(detail::stepper<Optimizer, Communicator>{this, shard_.get()}, comm, params_,
               cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
       , fired_(params_.size(), 0)
       , averaging_(sync_.averages()) {
@@ -167,6 +132,10 @@ public:
       comm.broadcast_parameters(rest, options_.root);
     }
     broadcast_optimizer_state(comm, *this, named_, options_.root);
+    if (shard_) {
+      cohort::detail::optimizer_sharding::scatter_to(sync_, shard_->scatter_owners());
+      shard_->drop_others_state(*this);
+    }
     detail::place_gradients_in_window(comm, params_); // (kept there by zero_grad)
     if (overlapping()) {
       try {
@@ -189,9 +158,7 @@ public:
     }
   }
 
-  distributed_optimizer(const distributed_optimizer&) = delete;
-  distributed_optimizer& operator=(const distributed_optimizer&) = delete;
-
+public:
   //! Removes the hooks (no backward may run meanwhile); a reduction still in flight is
   //! abandoned (see cohort::distributed_optimizer's destructor) before the gradients it uses are
   //! let go.
@@ -293,6 +260,11 @@ public:
     }
   }
 
+protected:
+  // The shard of a sharded_optimizer (null otherwise).
+  const detail::shard<Communicator>* sharding() const noexcept { return shard_.get(); }
+
+public:
   //! Reduces without stepping (to clip the averaged gradients); the next `step()` does not
   //! reduce again. Collective.
   void synchronize() {
@@ -338,8 +310,8 @@ public:
   Communicator& comm() const noexcept { return sync_.comm(); }
 
 private:
-  using sync_type =
-      cohort::distributed_optimizer<detail::stepper<Optimizer>, Communicator&, Reducer>;
+  using sync_type = cohort::distributed_optimizer<detail::stepper<Optimizer, Communicator>,
+                                                  Communicator&, Reducer>;
 
   static constexpr bool overlap_possible = overlapping_communicator<Communicator>;
 
@@ -635,6 +607,7 @@ private:
   // The step in flight's gradients, held until it ends; before sync_, whose destructor waits for
   // cohort's thread. Under mutex_.
   detail::in_flight in_flight_{params_.size()};
+  std::unique_ptr<detail::shard<Communicator>> shard_; // before sync_, whose step uses it
   sync_type sync_;
   std::mutex mutex_;
   std::vector<char> fired_;

@@ -260,7 +260,7 @@ public:
   }
 
 private:
-  void adopt(const cohort::detail::shard_plan& plan) {
+  void adopt(const cohort::detail::dataset_split& plan) {
     shuffle_ = plan.shuffle;
     pad_ = plan.force_equal_length;
     const std::uint64_t epoch = shard_.epoch();
@@ -288,7 +288,7 @@ private:
 
   // The ranks agreeing on a size (and the seed the plan keeps), with the communicator the
   // sampler was made with: what `reset(size)` needs, without the sampler being a template.
-  std::function<cohort::detail::shard_plan(std::size_t, std::optional<std::uint64_t>)> agree_;
+  std::function<cohort::detail::dataset_split(std::size_t, std::optional<std::uint64_t>)> agree_;
   int ranks_ = 1;
   int rank_ = 0;
   bool shuffle_ = true;

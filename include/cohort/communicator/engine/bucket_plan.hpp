@@ -3,6 +3,7 @@
 
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
+#include <cohort/error.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
 
@@ -14,6 +15,7 @@
 #include <numeric>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace cohort {
@@ -39,6 +41,15 @@ struct bucket {
   std::size_t first_member = 0; //!< into bucket_plan::members()
   std::size_t member_count = 0;
   std::size_t count = 0; //!< elements, all members together
+  //! Reduce-scattered (a sharded optimizer's reduction): the members are ordered by the rank
+  //! that owns them, rank r's block holds `bucket_plan::blocks(*this)[r]` elements, and only this
+  //! rank's members (`own_first`, `own_members` into `members`, `own_count` elements) receive
+  //! their reduced values.
+  bool scattered = false;
+  std::size_t first_block = 0; //!< into bucket_plan's blocks
+  std::size_t own_first = 0;
+  std::size_t own_members = 0;
+  std::size_t own_count = 0;
 };
 
 //! Splits a layout of gradients into buckets, walking them in the order they are expected to
@@ -58,12 +69,17 @@ public:
   std::span<const std::size_t> members(const bucket& b) const noexcept {
     return std::span(members_).subspan(b.first_member, b.member_count);
   }
+  //! A scattered bucket's elements per rank (empty for the others).
+  std::span<const int> blocks(const bucket& b) const noexcept {
+    return b.scattered ? std::span(blocks_).subspan(b.first_block, ranks_) : std::span<const int>{};
+  }
   //! The bucket that holds gradient `slot`, or `no_bucket` for an empty gradient.
   std::size_t bucket_of(std::size_t slot) const noexcept { return bucket_of_[slot]; }
   //! The walk order the plan was built from.
   std::span<const std::size_t> order() const noexcept { return order_; }
-  //! Which gradients share which bucket, in which order: the ranks compare it at every step
-  //! (buckets of the same sizes over other members would add up unrelated gradients).
+  //! Which gradients share which bucket, in which order (and, scattered, whose each is): the
+  //! ranks compare it at every step (buckets of the same sizes over other members would add up
+  //! unrelated gradients).
   std::uint64_t fingerprint() const noexcept { return fingerprint_; }
 
   //! Reverse registration order: backward produces the last layer's gradients first.
@@ -73,10 +89,16 @@ public:
   }
 
 private:
+  // Groups a bucket's members by owner and counts each rank's block.
+  void scatter(bucket& b, std::vector<std::size_t>& members, std::span<const grad_slot> slots,
+               std::span<const int> owners, int rank);
+
   std::vector<bucket> buckets_;
   std::vector<std::size_t> members_;
   std::vector<std::size_t> bucket_of_;
   std::vector<std::size_t> order_;
+  std::vector<int> blocks_;
+  std::size_t ranks_ = 0;
   std::uint64_t fingerprint_ = 0;
 };
 

@@ -122,8 +122,20 @@ public:
     collect_members(b, slots);
     const tensor_view packed{buffer, k.count, k.plan.wire, Packer::where};
     packer.pack(sources_, packed, k.plan.pre_scale);
-    exchange(packed, k.plan.op);
-    packer.unpack(packed, targets_, k.plan.post_scale);
+    if (!k.scattered) {
+      exchange(packed, k.plan.op);
+      packer.unpack(packed, targets_, k.plan.post_scale);
+      return;
+    }
+    if constexpr (requires { exchange(packed, plan.blocks(k), k.plan.op); }) {
+      // This rank's block, reduced, is left at the front of the buffer.
+      exchange(packed, plan.blocks(k), k.plan.op);
+      const tensor_view own{buffer, k.own_count, k.plan.wire, Packer::where};
+      packer.unpack(own, std::span<const tensor_view>(targets_).subspan(k.own_first, k.own_members),
+                    k.plan.post_scale);
+    } else {
+      throw invalid_argument("cohort: this exchange cannot reduce-scatter a bucket");
+    }
   }
 
   //! Packs bucket `b` of the current plan (one that is not in place) into the shared buffer,

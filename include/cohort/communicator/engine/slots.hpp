@@ -37,6 +37,11 @@ inline unsigned present_dtypes(std::span<const grad_slot> slots) noexcept {
 //! "summed as float16 on the wire, scaled by 0.5 before and 1 after", for messages.
 COHORT_DECL std::string describe_reduction(const grad_reduction& plan);
 
+//! Throws `invalid_argument` unless `owners` (grad_sync_options::owners) names a rank of `ranks`
+//! for each of `slots`, on a strategy that can reduce-scatter them (a host one).
+COHORT_DECL void check_owners(std::span<const int> owners, std::span<const grad_slot> slots,
+                              int rank, int ranks, bool device_strategy);
+
 } // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -68,13 +68,28 @@ public:
   traced_host_packer untraced_packer() const noexcept {
     return {nullptr, trace_thread::trainer, 0};
   }
-  auto exchange(const strategy_ref& s, trace_thread thread, std::size_t bucket) {
-    return [this, &s, thread, bucket](tensor_view packed, reduce_op op) {
-      const trace_span span(trace_, "reduce", thread, packed.size_bytes(),
+  //! A bucket's exchange, traced: an all-reduce, or a reduce-scatter in blocks of `blocks`.
+  struct traced_exchange {
+    step_observer& self;
+    const strategy_ref& s;
+    trace_thread thread;
+    std::size_t bucket;
+
+    void operator()(tensor_view packed, reduce_op op) const {
+      const trace_span span(self.trace_, "reduce", thread, packed.size_bytes(),
                             static_cast<std::int64_t>(bucket));
       s.exchange(s.self, packed, op);
-      stats_.wire_bytes += packed.size_bytes();
-    };
+      self.stats_.wire_bytes += packed.size_bytes();
+    }
+    void operator()(tensor_view packed, std::span<const int> blocks, reduce_op op) const {
+      const trace_span span(self.trace_, "reduce_scatter", thread, packed.size_bytes(),
+                            static_cast<std::int64_t>(bucket));
+      s.exchange_scatter(s.self, packed, blocks, op);
+      self.stats_.wire_bytes += packed.size_bytes();
+    }
+  };
+  traced_exchange exchange(const strategy_ref& s, trace_thread thread, std::size_t bucket) {
+    return {*this, s, thread, bucket};
   }
 
   //! A gradient hook spent `took` on its own compute (outside its exchanges) in one bucket.

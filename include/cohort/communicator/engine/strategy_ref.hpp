@@ -26,6 +26,9 @@ namespace engine {
 struct strategy_ref {
   void* self = nullptr;
   void (*exchange)(void*, tensor_view, reduce_op) = nullptr;
+  // A packed bucket reduce-scattered in place: rank r's block holds blocks[r] elements, after
+  // the blocks of the ranks before it, and this rank's block, reduced, is left at the front.
+  void (*exchange_scatter)(void*, tensor_view, std::span<const int>, reduce_op) = nullptr;
   void (*prepare)(void*, const bucket&) = nullptr;
   void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
   void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;

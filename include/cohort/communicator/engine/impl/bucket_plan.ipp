@@ -16,6 +16,15 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
                                     const reduction_table& reduction, const bucket_limits& limits) {
   buckets_.clear();
   members_.clear();
+  blocks_.clear();
+  // A scattered reduction exchanges each bucket packed, its members grouped by owner; an owner
+  // list of another length is this rank's problem, reported in the agreement (local_problem):
+  // until then the plan is built unscattered, so that it holds nothing out of range.
+  const auto owners = reduction.owners();
+  const bool scattered =
+      reduction.scattered() && owners.size() == slots.size() &&
+      std::ranges::all_of(owners, [&](int r) { return r >= 0 && r < reduction.ranks(); });
+  ranks_ = scattered ? static_cast<std::size_t>(reduction.ranks()) : 0;
   bucket_of_.assign(slots.size(), no_bucket);
   std::array<std::size_t, dtype_count> open;
   std::array<bool, dtype_count> had_first{};
@@ -45,7 +54,7 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
       bucket_of_[s] = b;
     };
     const std::size_t limit = had_first[d] ? limits.bucket_bytes : limits.first_bucket_bytes;
-    if (!hooked && plan.wire == slot.grad.type &&
+    if (!hooked && !scattered && plan.wire == slot.grad.type &&
         slot.grad.size_bytes() >= limits.threshold_bytes) {
       add(start(true));
       continue;
@@ -72,6 +81,9 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
     bucket next = buckets_[b];
     next.first_member = members_.size();
     next.member_count = gathered[b].size();
+    if (scattered && !next.hooked) {
+      scatter(next, gathered[b], slots, owners, reduction.rank());
+    }
     for (const std::size_t s : gathered[b]) {
       bucket_of_[s] = sorted.size();
       members_.push_back(s);
@@ -85,9 +97,43 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
     f.add(b.member_count);
     for (const std::size_t s : members(b)) {
       f.add(s);
+      if (b.scattered) {
+        f.add(static_cast<std::uint64_t>(owners[s]));
+      }
     }
   }
   fingerprint_ = f.value();
+}
+
+COHORT_DECL void bucket_plan::scatter(bucket& b, std::vector<std::size_t>& members,
+                                      std::span<const grad_slot> slots, std::span<const int> owners,
+                                      int rank) {
+  // Rank r's block is the run of members it owns: members grouped by owner, in walk order
+  // within each group, so that one reduce-scatter hands every rank its own.
+  std::stable_sort(members.begin(), members.end(),
+                   [&](std::size_t x, std::size_t y) { return owners[x] < owners[y]; });
+  b.scattered = true;
+  b.first_block = blocks_.size();
+  blocks_.resize(blocks_.size() + ranks_, 0);
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const std::size_t s = members[i];
+    const auto owner = static_cast<std::size_t>(owners[s]);
+    const std::size_t total =
+        static_cast<std::size_t>(blocks_[b.first_block + owner]) + slots[s].grad.count;
+    if (total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw invalid_argument("cohort: a reduce-scattered bucket holds " + std::to_string(total) +
+                             " elements for rank " + std::to_string(owner) +
+                             ", more than one MPI call takes (INT_MAX): use smaller buckets");
+    }
+    blocks_[b.first_block + owner] = static_cast<int>(total);
+    if (owners[s] == rank) {
+      if (b.own_members == 0) {
+        b.own_first = i;
+      }
+      ++b.own_members;
+      b.own_count += slots[s].grad.count;
+    }
+  }
 }
 
 } // namespace engine

@@ -71,7 +71,7 @@ COHORT_DECL carried_bucket grad_sync::pack_carried(const checks& c, const strate
     return {};
   }
   const bucket& k = reduction_.plan().buckets().front();
-  if (k.in_place || k.hooked || k.count == 0 ||
+  if (k.in_place || k.hooked || k.scattered || k.count == 0 ||
       k.count * size_of(k.plan.wire) > liveness::max_carried_bytes) {
     return {};
   }

@@ -59,6 +59,28 @@ COHORT_DECL std::string describe_reduction(const grad_reduction& plan) {
          number(plan.post_scale) + " after";
 }
 
+COHORT_DECL void check_owners(std::span<const int> owners, std::span<const grad_slot> slots,
+                              int rank, int ranks, bool device_strategy) {
+  const std::string where =
+      "cohort: a reduce-scattered allreduce_grad on rank " + std::to_string(rank) + ": ";
+  if (device_strategy) {
+    throw invalid_argument(where + "this communicator's strategy reduces device memory, and "
+                                   "gradients are reduce-scattered by host strategies only");
+  }
+  if (owners.size() != slots.size()) {
+    throw invalid_argument(where + std::to_string(owners.size()) + " owners for " +
+                           std::to_string(slots.size()) +
+                           " parameters (the shard plan is of another parameter set)");
+  }
+  for (std::size_t i = 0; i < owners.size(); ++i) {
+    if (owners[i] < 0 || owners[i] >= ranks) {
+      throw invalid_argument(where + slot_label(slots[i]) + " is owned by rank " +
+                             std::to_string(owners[i]) + ", not one of the " +
+                             std::to_string(ranks) + " ranks");
+    }
+  }
+}
+
 } // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// How a sharded optimizer's updated parameters reach every rank: each rank steps the parameters
+// it owns, then one all-gather per bucket (parameters of one dtype, grouped by owner so that
+// each rank's are one block) hands everyone the rest. Buckets bound the buffers to the
+// communicator's bucket size, not the model's: the point of sharding is memory.
+
+#include <cohort/config.hpp>
+#include <cohort/error.hpp>
+#include <cohort/tensor/dtype.hpp>
+#include <cohort/tensor/tensor_view.hpp>
+#include <cohort/training/shard_plan.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace cohort {
+inline namespace COHORT_ABI_NAMESPACE {
+namespace detail {
+
+class parameter_gather {
+public:
+  //! Plans the gathers of `values` (named `names`, owned as `plan` says) for `rank`, in buckets
+  //! of at most `bucket_bytes` (a larger parameter is alone). Throws `invalid_argument` for a
+  //! value outside host memory.
+  void build(std::span<const tensor_view> values, std::span<const std::string> names,
+             const shard_plan& plan, int rank, std::size_t bucket_bytes) {
+    rank_ = rank;
+    ranks_ = static_cast<std::size_t>(plan.ranks());
+    buckets_.clear();
+    members_.clear();
+    blocks_.clear();
+    layout_.assign(values.begin(), values.end());
+    std::size_t in_bytes = 0;
+    std::size_t out_bytes = 0;
+    for (const dtype type : all_dtypes) {
+      std::vector<std::size_t> open;
+      std::size_t open_bytes = 0;
+      const auto close = [&] {
+        if (!open.empty()) {
+          add_bucket(type, open, values, plan, in_bytes, out_bytes);
+        }
+        open.clear();
+        open_bytes = 0;
+      };
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if (values[i].type != type || values[i].count == 0) {
+          continue;
+        }
+        if (values[i].location != memory_location::host) {
+          throw invalid_argument("cohort: sharded_optimizer: the value of parameter '" + names[i] +
+                                 "' is in device memory; parameters are gathered by host "
+                                 "strategies from host memory");
+        }
+        if (open_bytes + values[i].size_bytes() > bucket_bytes) {
+          close();
+        }
+        open.push_back(i);
+        open_bytes += values[i].size_bytes();
+      }
+      close();
+    }
+    in_.assign(in_bytes, std::byte{0});
+    out_.assign(out_bytes, std::byte{0});
+  }
+
+  //! Gathers every parameter from its owner (collective over `comm`, one agreed all-gather per
+  //! bucket). `values` are the parameters as they are now: a value whose size or dtype changed
+  //! since `build` throws `invalid_argument` naming it and both sizes, before anything is sent
+  //! (every rank alike: the step's gradient agreement compared the sizes first).
+  template <class Communicator>
+  void run(Communicator& comm, std::span<const tensor_view> values,
+           std::span<const std::string> names) {
+    require_layout(values, names);
+    for (const bucket& b : buckets_) {
+      const auto members = std::span(members_).subspan(b.first_member, b.member_count);
+      const std::size_t width = size_of(b.type);
+      std::byte* in = in_.data();
+      for (const std::size_t i : members.subspan(b.own_first, b.own_members)) {
+        std::memcpy(in, values[i].data, values[i].size_bytes());
+        in += values[i].size_bytes();
+      }
+      const const_tensor_view block{in_.data(), b.own_count, b.type, memory_location::host};
+      tensor_view whole{out_.data(), b.count, b.type, memory_location::host};
+      comm.allgather(block, whole,
+                     std::span<const std::size_t>(blocks_).subspan(b.first_block, ranks_));
+      const std::byte* out = out_.data();
+      for (std::size_t m = 0; m < members.size(); ++m) {
+        const tensor_view& value = values[members[m]];
+        if (m < b.own_first || m >= b.own_first + b.own_members) {
+          std::memcpy(value.data, out, value.count * width);
+        }
+        out += value.count * width;
+      }
+    }
+  }
+
+  //! Bytes held by the gather's buffers (an own block and a bucket at most).
+  std::size_t buffer_bytes() const noexcept { return in_.size() + out_.size(); }
+
+  //! Throws `invalid_argument` naming a parameter whose size or dtype changed since `build`.
+  void require_layout(std::span<const tensor_view> values,
+                      std::span<const std::string> names) const {
+    if (values.size() != layout_.size()) {
+      throw invalid_argument("cohort: sharded_optimizer on rank " + std::to_string(rank_) + ": " +
+                             std::to_string(values.size()) +
+                             " parameters, but the shard plan "
+                             "was made for " +
+                             std::to_string(layout_.size()));
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (values[i].count != layout_[i].count || values[i].type != layout_[i].type) {
+        throw invalid_argument(
+            "cohort: sharded_optimizer on rank " + std::to_string(rank_) + ": parameter '" +
+            names[i] + "' holds " + std::to_string(values[i].count) + " " +
+            std::string(to_string(values[i].type)) + " elements, but the shard plan was made for " +
+            std::to_string(layout_[i].count) + " " + std::string(to_string(layout_[i].type)) +
+            " (parameters keep their sizes while sharded)");
+      }
+    }
+  }
+
+private:
+  struct bucket {
+    dtype type = dtype::float32;
+    std::size_t first_member = 0;
+    std::size_t member_count = 0;
+    std::size_t first_block = 0; // into blocks_: elements per rank
+    std::size_t own_first = 0;   // this rank's members, within the bucket's
+    std::size_t own_members = 0;
+    std::size_t own_count = 0;
+    std::size_t count = 0;
+  };
+
+  void add_bucket(dtype type, std::vector<std::size_t>& members,
+                  std::span<const tensor_view> values, const shard_plan& plan,
+                  std::size_t& in_bytes, std::size_t& out_bytes) {
+    std::stable_sort(members.begin(), members.end(),
+                     [&](std::size_t x, std::size_t y) { return plan.owner[x] < plan.owner[y]; });
+    bucket b{type, members_.size(), members.size(), blocks_.size()};
+    blocks_.resize(blocks_.size() + ranks_, 0);
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      const std::size_t i = members[m];
+      blocks_[b.first_block + static_cast<std::size_t>(plan.owner[i])] += values[i].count;
+      b.count += values[i].count;
+      if (plan.owner[i] == rank_) {
+        b.own_first = b.own_members == 0 ? m : b.own_first;
+        ++b.own_members;
+        b.own_count += values[i].count;
+      }
+      members_.push_back(i);
+    }
+    in_bytes = std::max(in_bytes, b.own_count * size_of(type));
+    out_bytes = std::max(out_bytes, b.count * size_of(type));
+    buckets_.push_back(b);
+  }
+
+  int rank_ = 0;
+  std::size_t ranks_ = 1;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> members_;
+  std::vector<std::size_t> blocks_;
+  std::vector<tensor_view> layout_; // sizes and dtypes the plan was made for
+  std::vector<std::byte> in_;
+  std::vector<std::byte> out_;
+};
+
+} // namespace detail
+} // namespace COHORT_ABI_NAMESPACE
+} // namespace cohort

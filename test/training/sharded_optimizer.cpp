@@ -1,0 +1,391 @@
+// SPDX-License-Identifier: Apache-2.0
+// sharded_optimizer (ZeRO stages 1 and 2) against distributed_optimizer, and the engine's
+// reduce-scattered gradients against its all-reduced ones. (A second translation unit of
+// training.sharding: shard_plan.cpp holds the module and main.)
+#include <cohort/cohort.hpp>
+
+#include <boost/mpi/collectives.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/expect.hpp"
+
+using cohort::test::message_has;
+
+namespace {
+
+using param = cohort::parameter_ref<std::vector<float>>;
+
+// Users' optimizers, unaware of cohort: each keeps state for the parameters it is given only.
+struct sgd_momentum {
+  std::vector<param> params;
+  std::vector<std::vector<float>> velocity;
+  float lr = 0.05f, momentum = 0.9f;
+  explicit sgd_momentum(std::vector<param> p)
+      : params(std::move(p)) {
+    for (const param& q : params) {
+      velocity.emplace_back(q.value->size(), 0.0f);
+    }
+  }
+  void step() {
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      for (std::size_t i = 0; i < params[p].value->size(); ++i) {
+        velocity[p][i] = momentum * velocity[p][i] + (*params[p].grad)[i];
+        (*params[p].value)[i] -= lr * velocity[p][i];
+      }
+    }
+  }
+  std::size_t state_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& v : velocity) {
+      bytes += v.size() * sizeof(float);
+    }
+    return bytes;
+  }
+};
+
+// Adam, and AdamW with decoupled weight decay.
+struct adam {
+  std::vector<param> params;
+  std::vector<std::vector<float>> m, v;
+  float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f, weight_decay = 0.0f;
+  int t = 0;
+  adam(std::vector<param> p, float decay)
+      : params(std::move(p))
+      , weight_decay(decay) {
+    for (const param& q : params) {
+      m.emplace_back(q.value->size(), 0.0f);
+      v.emplace_back(q.value->size(), 0.0f);
+    }
+  }
+  void step() {
+    ++t;
+    const float c1 = 1.0f - std::pow(beta1, static_cast<float>(t));
+    const float c2 = 1.0f - std::pow(beta2, static_cast<float>(t));
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      auto& w = *params[p].value;
+      const auto& g = *params[p].grad;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        w[i] -= lr * weight_decay * w[i];
+        m[p][i] = beta1 * m[p][i] + (1 - beta1) * g[i];
+        v[p][i] = beta2 * v[p][i] + (1 - beta2) * g[i] * g[i];
+        w[i] -= lr * (m[p][i] / c1) / (std::sqrt(v[p][i] / c2) + epsilon);
+      }
+    }
+  }
+  std::size_t state_bytes() const {
+    std::size_t bytes = 0;
+    for (std::size_t p = 0; p < m.size(); ++p) {
+      bytes += (m[p].size() + v[p].size()) * sizeof(float);
+    }
+    return bytes;
+  }
+};
+
+// A model of parameters of several sizes (so that shards are uneven), each rank starting from
+// values of its own (the wrapper's broadcast makes them one).
+struct model {
+  static constexpr std::size_t sizes[] = {1000, 37, 513, 4096, 7, 250, 64, 129};
+  std::vector<std::vector<float>> values, grads;
+  std::vector<param> params;
+  explicit model(int rank) {
+    for (std::size_t p = 0; p < std::size(sizes); ++p) {
+      values.emplace_back(sizes[p]);
+      grads.emplace_back(sizes[p], 0.0f);
+      for (std::size_t i = 0; i < sizes[p]; ++i) {
+        values[p][i] = std::sin(static_cast<float>(i + 31 * p) + 100.0f * rank);
+      }
+    }
+    for (std::size_t p = 0; p < std::size(sizes); ++p) {
+      params.push_back({"layer" + std::to_string(p), &values[p], &grads[p]});
+    }
+  }
+  // This rank's gradient at `step`: different on every rank, and dependent on the values, so
+  // that a wrong update anywhere changes every later step.
+  void backward(int rank, int step) {
+    for (std::size_t p = 0; p < values.size(); ++p) {
+      for (std::size_t i = 0; i < values[p].size(); ++i) {
+        grads[p][i] = std::cos(0.01f * static_cast<float>(i) + static_cast<float>(step + p)) *
+                          (1.0f + 0.25f * static_cast<float>(rank)) +
+                      0.1f * values[p][i];
+      }
+    }
+  }
+};
+
+std::uint64_t checksum(const model& m) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& v : m.values) {
+    for (const float x : v) {
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+void require_identical_replicas(const model& m) {
+  const boost::mpi::communicator world;
+  std::vector<std::uint64_t> all;
+  boost::mpi::all_gather(world, checksum(m), all);
+  BOOST_TEST(std::all_of(all.begin(), all.end(), [&](std::uint64_t h) { return h == all[0]; }));
+}
+
+void require_close(const model& sharded, const model& reference, float tolerance) {
+  float worst = 0.0f;
+  for (std::size_t p = 0; p < sharded.values.size(); ++p) {
+    for (std::size_t i = 0; i < sharded.values[p].size(); ++i) {
+      const float a = sharded.values[p][i];
+      const float b = reference.values[p][i];
+      worst = std::max(worst, std::abs(a - b) / std::max(1.0f, std::abs(b)));
+    }
+  }
+  BOOST_TEST(worst <= tolerance);
+}
+
+enum class kind { momentum, adam, adamw };
+
+template <class Optimizer>
+Optimizer make(kind k, std::vector<param> owned) {
+  if constexpr (std::is_same_v<Optimizer, sgd_momentum>) {
+    return sgd_momentum(std::move(owned));
+  } else {
+    return adam(std::move(owned), k == kind::adamw ? 0.01f : 0.0f);
+  }
+}
+
+constexpr int steps = 20;
+
+// 20 steps unsharded, then sharded at `stage`, blocking or overlapped (grad_ready in reverse,
+// as backward goes); returns both models.
+template <class Strategy, class Optimizer>
+std::pair<model, model> train_both(kind k, cohort::zero_stage stage, bool overlapped,
+                                   cohort::communicator_options options = {}) {
+  auto comm = cohort::make_communicator<Strategy>(options);
+  const int rank = comm.rank();
+  model reference(rank);
+  {
+    cohort::distributed_optimizer opt(make<Optimizer>(k, reference.params), comm, reference.params);
+    for (int s = 0; s < steps; ++s) {
+      reference.backward(rank, s);
+      opt.step();
+    }
+  }
+  model sharded(rank);
+  cohort::sharded_optimizer opt(
+      [&](std::vector<param> owned) { return make<Optimizer>(k, std::move(owned)); }, comm,
+      sharded.params, cohort::sharded_optimizer_options{.stage = stage});
+  for (int s = 0; s < steps; ++s) {
+    sharded.backward(rank, s);
+    if constexpr (cohort::overlapping_communicator<Strategy>) {
+      if (overlapped) {
+        for (std::size_t i = sharded.params.size(); i-- > 0;) {
+          opt.grad_ready(i);
+        }
+      }
+    }
+    opt.step();
+  }
+  // The state is this rank's shard's alone.
+  const std::size_t per_element = std::is_same_v<Optimizer, sgd_momentum> ? 1 : 2;
+  BOOST_TEST(opt.inner().state_bytes() == per_element * opt.plan().load[rank]);
+  return {std::move(sharded), std::move(reference)};
+}
+
+using strategies =
+    std::tuple<cohort::flat, cohort::naive, cohort::hierarchical<>, cohort::two_dimensional<>>;
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(stage_1_steps_as_the_unsharded_optimizer, Strategy, strategies) {
+  for (const kind k : {kind::momentum, kind::adam, kind::adamw}) {
+    auto [sharded, reference] =
+        k == kind::momentum
+            ? train_both<Strategy, sgd_momentum>(k, cohort::zero_stage::optimizer_state, false)
+            : train_both<Strategy, adam>(k, cohort::zero_stage::optimizer_state, false);
+    // The same reduced gradients and the same arithmetic: the same bits.
+    require_close(sharded, reference, 0.0f);
+    require_identical_replicas(sharded);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(stage_2_steps_as_the_unsharded_optimizer, Strategy, strategies) {
+  // Small buckets, so that a step reduce-scatters several, some holding one owner's parameters
+  // only, others several owners'.
+  const cohort::communicator_options small{.bucket_bytes = 4096, .first_bucket_bytes = 1024};
+  for (const kind k : {kind::momentum, kind::adam, kind::adamw}) {
+    for (const bool overlapped : {false, true}) {
+      auto [sharded, reference] =
+          k == kind::momentum
+              ? train_both<Strategy, sgd_momentum>(k, cohort::zero_stage::gradients, overlapped,
+                                                   small)
+              : train_both<Strategy, adam>(k, cohort::zero_stage::gradients, overlapped, small);
+      // A reduce-scatter may sum in another order than an all-reduce: equal to rounding.
+      require_close(sharded, reference, 2e-5f);
+      require_identical_replicas(sharded);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reduce_scattered_gradients_equal_the_all_reduced_ones) {
+  // The engine alone: every owner's reduced gradients are the all-reduce's, blocking and
+  // overlapped, float and double in one set; the gradients a rank does not own stay its own.
+  const cohort::communicator_options small{.bucket_bytes = 2048, .first_bucket_bytes = 512};
+  auto comm = cohort::make_communicator<cohort::flat>(small);
+  const int rank = comm.rank();
+  std::vector<std::vector<float>> fv(5), fg(5);
+  std::vector<std::vector<double>> dv(3), dg(3);
+  std::vector<std::size_t> bytes;
+  const auto fill = [&](int r) {
+    for (std::size_t p = 0; p < 5; ++p) {
+      fg[p].resize(100 + 90 * p);
+      fv[p].resize(fg[p].size());
+      for (std::size_t i = 0; i < fg[p].size(); ++i) {
+        fg[p][i] = static_cast<float>(r + 1) * static_cast<float>(i % 7 + p);
+      }
+    }
+    for (std::size_t p = 0; p < 3; ++p) {
+      dg[p].resize(300 - 50 * p);
+      dv[p].resize(dg[p].size());
+      for (std::size_t i = 0; i < dg[p].size(); ++i) {
+        dg[p][i] = 0.5 * (r + 1) * static_cast<double>(i % 5 + p);
+      }
+    }
+  };
+  fill(rank);
+  // A float set and a double set, each scattered by a plan of its own.
+  std::vector<param> floats;
+  for (std::size_t p = 0; p < 5; ++p) {
+    floats.push_back({"f" + std::to_string(p), &fv[p], &fg[p]});
+    bytes.push_back(fv[p].size() * sizeof(float));
+  }
+  std::vector<cohort::parameter_ref<std::vector<double>>> doubles;
+  for (std::size_t p = 0; p < 3; ++p) {
+    doubles.push_back({"d" + std::to_string(p), &dv[p], &dg[p]});
+  }
+  const cohort::shard_plan plan = cohort::balance_shards(bytes, comm.size());
+  std::vector<std::size_t> dbytes = {300 * 8, 250 * 8, 200 * 8};
+  const cohort::shard_plan dplan = cohort::balance_shards(dbytes, comm.size());
+  // The expected values: the all-reduced sums' mean.
+  fill(rank);
+  comm.allreduce_grad(floats, cohort::mean{});
+  comm.allreduce_grad(doubles, cohort::mean{});
+  const auto expected_f = fg;
+  const auto expected_d = dg;
+  for (const bool overlapped : {false, true}) {
+    fill(rank);
+    const auto local_f = fg;
+    const auto local_d = dg;
+    cohort::grad_sync_options options;
+    options.owners = plan.owner;
+    if (overlapped) {
+      auto request = comm.begin_allreduce_grad(floats, cohort::mean{}, options);
+      for (std::size_t i = floats.size(); i-- > 0;) {
+        request.ready(i);
+      }
+      request.wait();
+    } else {
+      comm.allreduce_grad(floats, cohort::mean{}, options);
+    }
+    options.owners = dplan.owner;
+    comm.allreduce_grad(doubles, cohort::mean{}, options);
+    for (std::size_t p = 0; p < 5; ++p) {
+      BOOST_TEST(fg[p] == (plan.owner[p] == rank ? expected_f[p] : local_f[p]),
+                 boost::test_tools::per_element());
+    }
+    for (std::size_t p = 0; p < 3; ++p) {
+      BOOST_TEST(dg[p] == (dplan.owner[p] == rank ? expected_d[p] : local_d[p]),
+                 boost::test_tools::per_element());
+    }
+  }
+  // Owners of another set's length, or a rank that is not one: an error on every rank, naming it.
+  const std::vector<int> short_owners(3, 0);
+  cohort::grad_sync_options wrong;
+  wrong.owners = short_owners;
+  BOOST_CHECK_EXCEPTION(comm.allreduce_grad(floats, cohort::mean{}, wrong),
+                        cohort::invalid_argument, message_has({"3 owners for 5 parameters"}));
+  std::vector<int> beyond = plan.owner;
+  beyond[2] = comm.size();
+  wrong.owners = beyond;
+  BOOST_CHECK_EXCEPTION(
+      comm.allreduce_grad(floats, cohort::mean{}, wrong), cohort::invalid_argument,
+      message_has({"parameter 'f2' is owned by rank " + std::to_string(comm.size())}));
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_owning_nothing_and_the_dummy_strategy) {
+  // Two parameters over up to 4 ranks: ranks 2 and 3 own nothing, step nothing, and still
+  // receive every update. Over dummy (nothing summed) the gather still makes the replicas one.
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const int rank = comm.rank();
+  std::vector<float> a(10, 1.0f), ga(10), b(6, 2.0f), gb(6);
+  std::vector<param> params = {{"a", &a, &ga}, {"b", &b, &gb}};
+  cohort::sharded_optimizer opt([](std::vector<param> owned) { return sgd_momentum(owned); }, comm,
+                                params);
+  BOOST_TEST(opt.inner().params.size() == (comm.size() == 1 ? 2u : rank < 2 ? 1u : 0u));
+  std::fill(ga.begin(), ga.end(), static_cast<float>(rank));
+  std::fill(gb.begin(), gb.end(), 1.0f);
+  opt.step();
+  const float mean_rank = static_cast<float>(comm.size() - 1) / 2.0f;
+  BOOST_TEST(a[3] == 1.0f - 0.05f * mean_rank, boost::test_tools::tolerance(1e-6f));
+  BOOST_TEST(b[5] == 2.0f - 0.05f, boost::test_tools::tolerance(1e-6f));
+
+  auto dummy = cohort::make_communicator<cohort::dummy>();
+  std::vector<float> c(8, static_cast<float>(rank)), gc(8);
+  std::vector<param> one = {{"c", &c, &gc}};
+  cohort::sharded_optimizer lone([](std::vector<param> owned) { return sgd_momentum(owned); },
+                                 dummy, one);
+  std::fill(gc.begin(), gc.end(), static_cast<float>(rank + 1));
+  lone.step();
+  // Rank 0 owns c; dummy sums nothing, so rank 0's own gradient (1, scaled by the mean's 1/N)
+  // updates it, and every rank receives that value.
+  BOOST_TEST(c[0] == -0.05f / static_cast<float>(comm.size()), boost::test_tools::tolerance(1e-6f));
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_an_error_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const int rank = comm.rank();
+  model m(rank);
+  cohort::sharded_optimizer opt(
+      [](std::vector<param> owned) { return sgd_momentum(std::move(owned)); }, comm, m.params);
+  m.backward(rank, 0);
+  opt.step();
+  // Stage 2: a second backward onto reduced gradients.
+  m.backward(rank, 1);
+  opt.synchronize();
+  BOOST_CHECK_EXCEPTION(opt.grad_ready(0), cohort::invalid_argument,
+                        message_has({"gradients sharded (stage 2)", "no_sync()"}));
+  opt.skip_step();
+  // A parameter that changed size since the plan: the gradients' agreement names it.
+  m.values[4].resize(8);
+  m.grads[4].resize(8);
+  m.backward(rank, 2);
+  BOOST_CHECK_EXCEPTION(opt.step(), cohort::invalid_argument,
+                        message_has({"layer4", "holds 8", "made for 7"}));
+  m.values[4].resize(7);
+  m.grads[4].resize(7);
+  // Ranks whose parameters differ: the plan's agreement names the first that differs.
+  model other(rank);
+  std::vector<float> extra(rank == 0 ? 3 : 4), gextra(extra.size());
+  other.params.push_back({"extra", &extra, &gextra});
+  if (comm.size() > 1) {
+    BOOST_CHECK_EXCEPTION(
+        cohort::sharded_optimizer(
+            [](std::vector<param> owned) { return sgd_momentum(std::move(owned)); }, comm,
+            other.params),
+        cohort::mismatch_error, message_has({"sharded_optimizer", "extra"}));
+  }
+  BOOST_CHECK_EXCEPTION(cohort::sharded_optimizer(
+                            [](std::vector<param> owned) { return sgd_momentum(std::move(owned)); },
+                            comm, m.params,
+                            cohort::sharded_optimizer_options{.stage = cohort::zero_stage{3}}),
+                        cohort::invalid_argument, message_has({"stage 3"}));
+}
