@@ -33,6 +33,7 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -413,11 +414,18 @@ protected:
 private:
   friend strategy_access;
 
-  // A packed bucket of a scattered reduction (grad_sync_options::owners), reduce-scattered over
-  // every rank on the gradient channel: what a host strategy does unless it says otherwise
-  // (`exchange_scatter`). Hierarchy-aware strategies scatter flat too: sharding halves the
-  // bytes each rank sends, whatever the topology.
+  // A bucket of a scattered reduction (grad_sync_options::owners), reduce-scattered in place over
+  // every rank on the gradient channel (MPI's own algorithm, whatever the strategy's
+  // topology): what a host strategy does unless it says otherwise (`exchange_scatter`). A
+  // bucket of one rank's gradients (a large one alone, in place) is reduced to that rank, which
+  // leaves the others' as they were.
   void reduce_scatter_bucket(tensor_view bucket, std::span<const int> blocks, reduce_op op) {
+    const auto owner = std::find_if(blocks.begin(), blocks.end(), [](int n) { return n != 0; });
+    if (owner != blocks.end() &&
+        std::all_of(owner + 1, blocks.end(), [](int n) { return n == 0; })) {
+      mpi::reduce(grad_comm(), bucket, op, static_cast<int>(owner - blocks.begin()));
+      return;
+    }
     mpi::reduce_scatter_in_place(grad_comm(), bucket, blocks, op);
   }
 

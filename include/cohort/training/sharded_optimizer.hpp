@@ -76,7 +76,8 @@ shard_plan plan_parameter_shards(Communicator& comm, const parameter_source& sou
 //! unsharded one. A step reduces the gradients (stage 1: all-reduced; stage 2: reduce-scattered,
 //! each rank receiving its own parameters' reduced gradients only), steps the rank's optimizer
 //! over its shard, and all-gathers the updated parameters, so that every replica holds the same
-//! values after every step: the same bytes on the wire as an all-reduce.
+//! values after every step. At stage 2 that is what an all-reduce sends (a reduce-scatter, then
+//! an all-gather); at stage 1, half as much again.
 //!
 //! `make_optimizer(owned)` builds the rank's optimizer over `owned`, a `std::vector` of the
 //! parameters this rank owns (copies of the set's elements: handles such as `parameter_ref`),

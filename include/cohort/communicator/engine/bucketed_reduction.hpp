@@ -112,10 +112,25 @@ public:
     const bucket_plan& plan = current_->plan;
     const bucket& k = plan.buckets()[b];
     const auto members = plan.members(k);
+    // A scattered bucket's exchange leaves this rank's block, reduced, at the front of the data.
+    const auto scatter = [&](tensor_view data) {
+      if constexpr (requires { exchange(data, plan.blocks(k), k.plan.op); }) {
+        exchange(data, plan.blocks(k), k.plan.op);
+      } else {
+        throw invalid_argument("cohort: this exchange cannot reduce-scatter a bucket");
+      }
+    };
     if (k.in_place) {
       const tensor_view grad = slots[members.front()].grad;
       packer.scale(grad, k.plan.pre_scale);
-      exchange(grad, k.plan.op);
+      if (!k.scattered) {
+        exchange(grad, k.plan.op);
+      } else {
+        scatter(grad);
+        if (k.own_members == 0) {
+          return; // another rank's: reduced there
+        }
+      }
       packer.scale(grad, k.plan.post_scale);
       return;
     }
@@ -127,15 +142,10 @@ public:
       packer.unpack(packed, targets_, k.plan.post_scale);
       return;
     }
-    if constexpr (requires { exchange(packed, plan.blocks(k), k.plan.op); }) {
-      // This rank's block, reduced, is left at the front of the buffer.
-      exchange(packed, plan.blocks(k), k.plan.op);
-      const tensor_view own{buffer, k.own_count, k.plan.wire, Packer::where};
-      packer.unpack(own, std::span<const tensor_view>(targets_).subspan(k.own_first, k.own_members),
-                    k.plan.post_scale);
-    } else {
-      throw invalid_argument("cohort: this exchange cannot reduce-scatter a bucket");
-    }
+    scatter(packed);
+    const tensor_view own{buffer, k.own_count, k.plan.wire, Packer::where};
+    packer.unpack(own, std::span<const tensor_view>(targets_).subspan(k.own_first, k.own_members),
+                  k.plan.post_scale);
   }
 
   //! Packs bucket `b` of the current plan (one that is not in place) into the shared buffer,

@@ -3,8 +3,9 @@
 
 // How a sharded optimizer's updated parameters reach every rank: each rank steps the parameters
 // it owns, then one all-gather per bucket (parameters of one dtype, grouped by owner so that
-// each rank's are one block) hands everyone the rest. Buckets bound the buffers to the
-// communicator's bucket size, not the model's: the point of sharding is memory.
+// each rank's are one block) hands everyone the rest; a parameter larger than a bucket is
+// broadcast from its owner, in place. Buckets bound the buffers to the communicator's bucket
+// size, not the model's: the point of sharding is memory.
 
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -70,15 +71,22 @@ public:
   }
 
   //! Gathers every parameter from its owner (collective over `comm`, one agreed all-gather per
-  //! bucket). `values` are the parameters as they are now: a value whose size or dtype changed
-  //! since `build` throws `invalid_argument` naming it and both sizes, before anything is sent
-  //! (every rank alike: the step's gradient agreement compared the sizes first).
+  //! bucket, or broadcast for a bucket of one). `values` are the parameters as they are now: a
+  //! value whose size or dtype changed since `build` throws `invalid_argument` naming it and both
+  //! sizes, before anything is sent (every rank alike: the step's gradient agreement compared the
+  //! sizes first).
   template <class Communicator>
   void run(Communicator& comm, std::span<const tensor_view> values,
            std::span<const std::string> names) {
     require_layout(values, names);
     for (const bucket& b : buckets_) {
       const auto members = std::span(members_).subspan(b.first_member, b.member_count);
+      if (b.member_count == 1) {
+        // A parameter alone (a large one): broadcast in place from its owner, no copy.
+        tensor_view value = values[members.front()];
+        comm.broadcast(value, b.owner);
+        continue;
+      }
       const std::size_t width = size_of(b.type);
       std::byte* in = in_.data();
       for (const std::size_t i : members.subspan(b.own_first, b.own_members)) {
@@ -135,6 +143,7 @@ private:
     std::size_t own_members = 0;
     std::size_t own_count = 0;
     std::size_t count = 0;
+    int owner = 0; // (of a bucket of one member)
   };
 
   void add_bucket(dtype type, std::vector<std::size_t>& members,
@@ -155,8 +164,12 @@ private:
       }
       members_.push_back(i);
     }
-    in_bytes = std::max(in_bytes, b.own_count * size_of(type));
-    out_bytes = std::max(out_bytes, b.count * size_of(type));
+    if (members.size() == 1) {
+      b.owner = plan.owner[members.front()];
+    } else {
+      in_bytes = std::max(in_bytes, b.own_count * size_of(type));
+      out_bytes = std::max(out_bytes, b.count * size_of(type));
+    }
     buckets_.push_back(b);
   }
 

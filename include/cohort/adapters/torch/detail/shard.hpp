@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 #include <type_traits>
 #include <utility>
@@ -79,11 +80,17 @@ public:
     }
   }
 
-  //! Every rank's updated parameters, from their owners (collective).
+  //! Every rank's updated parameters, from their owners (collective). Those received count as
+  //! modified in place, as the optimizer's own updates do (a graph that saved them refuses a
+  //! backward through them on every rank alike).
   void gather() {
-    const ::torch::NoGradGuard no_grad;
     source_.values(values_, names_);
     gather_.run(*comm_, values_, names_);
+    for (std::size_t i = 0; i < params_->size(); ++i) {
+      if (!owns(i)) {
+        ::torch::autograd::impl::bump_version((*params_)[i].value);
+      }
+    }
   }
 
   //! Drops the state of the parameters this rank does not own (after the root's whole state was

@@ -17,9 +17,10 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
   buckets_.clear();
   members_.clear();
   blocks_.clear();
-  // A scattered reduction exchanges each bucket packed, its members grouped by owner; an owner
-  // list of another length is this rank's problem, reported in the agreement (local_problem):
-  // until then the plan is built unscattered, so that it holds nothing out of range.
+  // A scattered reduction's buckets have their members grouped by owner (a gradient alone in
+  // place has one); an owner list of another length is this rank's problem, reported in the
+  // agreement (local_problem): until then the plan is built unscattered, so that it holds
+  // nothing out of range.
   const auto owners = reduction.owners();
   const bool scattered =
       reduction.scattered() && owners.size() == slots.size() &&
@@ -54,7 +55,7 @@ COHORT_DECL void bucket_plan::build(std::span<const grad_slot> slots,
       bucket_of_[s] = b;
     };
     const std::size_t limit = had_first[d] ? limits.bucket_bytes : limits.first_bucket_bytes;
-    if (!hooked && !scattered && plan.wire == slot.grad.type &&
+    if (!hooked && plan.wire == slot.grad.type &&
         slot.grad.size_bytes() >= limits.threshold_bytes) {
       add(start(true));
       continue;
