@@ -16,9 +16,12 @@
 #                   the other on the same hosts, and the bytes the links carried per step (tc's
 #                   side: what every host sent, headers included); then bench/torch_mlp with
 #                   PowerSGD rank 4 beside DDP with powerSGD_hook rank 4, rounds taking turns
+#   sharding-HxK    issue 36 (2x1, 2x2): bench/sharding's MLP at 4 x Linear(1024, 1024) (4.2 M
+#                   parameters, 16 MiB) with Adam: cohort's distributed_optimizer beside its
+#                   sharded_optimizer at stages 1 and 2, the step time, rounds taking turns
 #
 #   bench/multihost.sh [--build DIR] [--iters N] [--rounds N]
-#                      [--only allreduce|grad_sync|torch_mlp|powersgd]
+#                      [--only allreduce|grad_sync|torch_mlp|powersgd|sharding]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
@@ -31,7 +34,7 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    *) sed -n '3,22p' "${BASH_SOURCE[0]}"; exit 2 ;;
+    *) sed -n '3,25p' "${BASH_SOURCE[0]}"; exit 2 ;;
   esac
 done
 cluster=$root/tools/cluster.sh
@@ -122,6 +125,41 @@ if [ -z "$only" ] || [ "$only" = torch_mlp ]; then
       echo "hidden by overlap (blocking - overlap): $(difference "$blocking" "$(median "${samples[overlap]}")") ms"
       for row in blocking overlap; do
         echo "cohort $row / DDP: $(quotient "$(median "${samples[$row]}")" "$(median "${samples[ddp]}")")"
+      done
+    } | tee "$out"
+  done
+fi
+
+if [ "$only" = sharding ]; then
+  median() { tr ' ' '\n' <<<"$1" | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+  for shape in 2x1 2x2; do
+    hosts=${shape%x*} per_host=${shape#*x}
+    ranks=$((hosts * per_host))
+    with_hosts "$hosts"
+    out=$results/multihost-sharding-$shape.txt
+    declare -A samples=()
+    rows=(unsharded stage1 stage2)
+    for ((r = 1; r <= rounds; r++)); do
+      for row in "${rows[@]}"; do
+        line=$("$cluster" run "$per_host" "$build/bench/bench_sharding" --mode "$row" \
+          --layers 4 --width 1024 --batch 32 --steps 5 --reps 3)
+        samples[$row]+=" $(awk '{print $4}' <<<"$line")"
+      done
+    done
+    {
+      echo "# bench/multihost.sh: $hosts hosts x $per_host ranks, links $rate; bench/sharding's MLP"
+      echo "# 4 x Linear(1024, 1024) (4.2 M parameters, 16 MiB), Adam, batch 32 per rank, overlapped,"
+      echo "# one intra-op thread per rank; BLAS: $blas; 2 cores for all the hosts"
+      echo "# each row: the median over $rounds rounds (rows taking turns) of each run's median repetition"
+      printf '%-40s %12s %10s\n' "row" "ms per step" "/unsharded"
+      unsharded=$(median "${samples[unsharded]}")
+      for row in "${rows[@]}"; do
+        case "$row" in
+          unsharded) label="cohort distributed_optimizer, $ranks ranks" ;;
+          *) label="cohort sharded ${row/stage/stage }, $ranks ranks" ;;
+        esac
+        ms=$(median "${samples[$row]}")
+        printf '%-40s %12.2f %10.3f\n' "$label" "$ms" "$(awk -v a="$ms" -v b="$unsharded" 'BEGIN {print a / b}')"
       done
     } | tee "$out"
   done
