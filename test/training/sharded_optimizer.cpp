@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -348,6 +349,94 @@ BOOST_AUTO_TEST_CASE(a_rank_owning_nothing_and_the_dummy_strategy) {
   // Rank 0 owns c; dummy sums nothing, so rank 0's own gradient (1, scaled by the mean's 1/N)
   // updates it, and every rank receives that value.
   BOOST_TEST(c[0] == -0.05f / static_cast<float>(comm.size()), boost::test_tools::tolerance(1e-6f));
+}
+
+BOOST_AUTO_TEST_CASE(stage_2_reduces_a_rank_s_own_gradients_alone) {
+  // After synchronize(), the gradients this rank owns hold the mean, the others its own values:
+  // the reduction was scattered, not all-reduced. And the learned bucket order (overlapped) is
+  // filed under the same layout on every rank, as a checkpoint's replicated state must be.
+  auto comm = cohort::make_communicator<cohort::flat>(
+      cohort::communicator_options{.bucket_bytes = 4096, .first_bucket_bytes = 1024});
+  const int rank = comm.rank();
+  model m(rank);
+  cohort::sharded_optimizer opt(
+      [](std::vector<param> owned) { return sgd_momentum(std::move(owned)); }, comm, m.params);
+  for (int s = 0; s < 2; ++s) {
+    m.backward(rank, s);
+    for (std::size_t i = m.params.size(); i-- > 0;) {
+      opt.grad_ready(i);
+    }
+    opt.step();
+  }
+  m.backward(rank, 2);
+  const auto local = m.grads;
+  opt.synchronize();
+  for (std::size_t p = 0; p < m.grads.size(); ++p) {
+    BOOST_TEST_CONTEXT("parameter " << p << ", owned: " << opt.owns(p)) {
+      if (!opt.owns(p) || comm.size() == 1) {
+        BOOST_TEST(m.grads[p] == local[p], boost::test_tools::per_element());
+      } else {
+        BOOST_TEST(m.grads[p] != local[p]);
+      }
+    }
+  }
+  opt.step();
+  const auto orders = comm.learned_bucket_orders();
+  BOOST_TEST_REQUIRE(orders.size() == 1u);
+  std::vector<std::uint64_t> layouts;
+  boost::mpi::all_gather(boost::mpi::communicator(), orders.front().layout, layouts);
+  BOOST_TEST(std::all_of(layouts.begin(), layouts.end(),
+                         [&](std::uint64_t l) { return l == layouts.front(); }));
+}
+
+// An optimizer whose step fails on rank 1 alone.
+struct failing_on_rank_1 {
+  std::vector<param> params;
+  int rank = 0;
+  void step() {
+    if (rank == 1) {
+      throw std::runtime_error("this step failed here");
+    }
+  }
+};
+
+BOOST_AUTO_TEST_CASE(a_step_or_an_optimizer_that_fails_on_one_rank_fails_on_every_rank) {
+  auto comm = cohort::make_communicator<cohort::flat>();
+  const int rank = comm.rank();
+  if (comm.size() == 1) {
+    return;
+  }
+  model m(rank);
+  cohort::sharded_optimizer opt(
+      [&](std::vector<param> owned) {
+        return failing_on_rank_1{std::move(owned), rank};
+      },
+      comm, m.params);
+  m.backward(rank, 0);
+  if (rank == 1) {
+    BOOST_CHECK_EXCEPTION(opt.step(), std::runtime_error, message_has({"this step failed here"}));
+  } else {
+    BOOST_CHECK_EXCEPTION(opt.step(), cohort::error, message_has({"failed on rank 1"}));
+  }
+  // The next step goes on, on every rank (the failed one's gradients were reduced, not applied).
+  opt.inner().rank = 0;
+  m.backward(rank, 1);
+  opt.step();
+  require_identical_replicas(m);
+  const auto make = [&](std::vector<param> owned) {
+    if (rank == 1) {
+      throw std::runtime_error("no optimizer here");
+    }
+    return sgd_momentum(std::move(owned));
+  };
+  model other(rank);
+  if (rank == 1) {
+    BOOST_CHECK_EXCEPTION(cohort::sharded_optimizer(make, comm, other.params), std::runtime_error,
+                          message_has({"no optimizer here"}));
+  } else {
+    BOOST_CHECK_EXCEPTION(cohort::sharded_optimizer(make, comm, other.params), cohort::error,
+                          message_has({"making the optimizer", "failed on rank 1"}));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_an_error_on_every_rank) {

@@ -42,8 +42,10 @@ struct grad_sync_options {
   //! Empty: every rank gets every reduced gradient (an all-reduce). Otherwise one rank per
   //! parameter, in the set's order (a sharded optimizer's `shard_plan::owner`): the gradients are
   //! reduce-scattered, and parameter i's reduced gradient reaches rank `owners[i]` alone; the
-  //! others keep their own, unreduced. Same bytes on the wire as half an all-reduce. Host
-  //! strategies only; not with a gradient hook. The span must outlive the reduction.
+  //! others keep their own, unreduced (times the reducer's pre-scale, for a gradient reduced in
+  //! place by a reducer that has one: not mean's nor compressed's). Same bytes on the wire as half
+  //! an all-reduce. Host strategies only; not with a gradient hook. The span must outlive the
+  //! reduction.
   std::span<const int> owners = {};
 };
 

@@ -5,6 +5,7 @@
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
+#include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/reducer/mean.hpp>
 #include <cohort/tensor/parameter.hpp>
@@ -15,7 +16,10 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <functional>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -52,6 +56,25 @@ struct optimizer_sharding {
     wrapped.owners_ = owners;
   }
 };
+
+// Every rank learns whether every rank's `failure`-free: each rank steps (or builds the
+// optimizer of) a shard of its own, so one may fail alone, and the others must not wait for it
+// in the all-gather. One 4-byte all-reduce. Rethrows this rank's failure; throws `error` naming
+// the first rank that failed on the others. Collective.
+template <class Communicator>
+void require_every_rank_succeeded(Communicator& comm, const std::exception_ptr& failure,
+                                  const std::string& operation) {
+  std::vector<std::int32_t> first_failed = {failure ? comm.rank() : comm.size()};
+  comm.allreduce(first_failed, reduce_op::min);
+  if (failure) {
+    std::rethrow_exception(failure);
+  }
+  if (first_failed.front() < comm.size()) {
+    throw error("cohort: " + operation + " on rank " + std::to_string(comm.rank()) +
+                ": it failed on rank " + std::to_string(first_failed.front()) +
+                " (whose own error says why); nothing was gathered");
+  }
+}
 
 // The plan every rank holds for `source`'s parameters (read into `values` and `names`), by their
 // bytes. Collective (see plan_shards).
@@ -108,7 +131,13 @@ class sharded_optimizer {
         , owner_(&owner) {}
     void step() {
       owner_->require_planned_layout();
-      inner_.step();
+      std::exception_ptr failure;
+      try {
+        inner_.step();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      detail::require_every_rank_succeeded(*owner_->comm_, failure, "sharded_optimizer::step");
       owner_->gather_parameters();
     }
     Optimizer& inner() noexcept { return inner_; }
@@ -135,8 +164,8 @@ public:
       , source_(params)
       , options_(checked(options))
       , plan_(detail::plan_parameter_shards(comm, source_, values_, names_, "sharded_optimizer"))
-      , lane_(shard_step(std::invoke(make_optimizer, owned(params, plan_, comm.rank())), *this),
-              comm, params, distributed_optimizer_options{options.missing, options.root, false},
+      , lane_(shard_step(made(make_optimizer, params, plan_, comm), *this), comm, params,
+              distributed_optimizer_options{options.missing, options.root, false},
               std::move(reducer)) {
     if (options_.stage == zero_stage::gradients) {
       detail::optimizer_sharding::scatter_to(lane_, plan_.owner);
@@ -189,6 +218,21 @@ private:
                              "; stages 1 (optimizer_state) and 2 (gradients) are built");
     }
     return options;
+  }
+
+  // The rank's optimizer, once every rank has made its own.
+  template <class MakeOptimizer, class Params>
+  static Optimizer made(MakeOptimizer& make_optimizer, Params& params, const shard_plan& plan,
+                        communicator_type& comm) {
+    std::optional<Optimizer> optimizer;
+    std::exception_ptr failure;
+    try {
+      optimizer.emplace(std::invoke(make_optimizer, owned(params, plan, comm.rank())));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::require_every_rank_succeeded(comm, failure, "sharded_optimizer (making the optimizer)");
+    return std::move(*optimizer);
   }
 
   template <class Params>

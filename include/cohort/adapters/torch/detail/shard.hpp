@@ -15,6 +15,7 @@
 #include <cohort/training/sharded_optimizer.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <string>
 #include <torch/csrc/autograd/variable.h>
@@ -78,6 +79,12 @@ public:
         }
       }
     }
+  }
+
+  //! Throws on every rank if the wrapped optimizer's step failed on any (collective).
+  void require_every_rank_stepped(const std::exception_ptr& failure) {
+    cohort::detail::require_every_rank_succeeded(*comm_, failure,
+                                                 "cohort::torch::sharded_optimizer::step");
   }
 
   //! Every rank's updated parameters, from their owners (collective). Those received count as

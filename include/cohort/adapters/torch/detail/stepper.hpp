@@ -8,6 +8,8 @@
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
 
+#include <exception>
+
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace torch {
@@ -29,13 +31,14 @@ struct stepper {
         return;
       }
       sharding->hide_others();
+      std::exception_ptr failure;
       try {
         optimizer->Optimizer::step();
       } catch (...) {
-        sharding->restore_others();
-        throw;
+        failure = std::current_exception();
       }
       sharding->restore_others();
+      sharding->require_every_rank_stepped(failure);
       sharding->gather();
     } else {
       throw invalid_argument("cohort::torch::distributed_optimizer: this optimizer steps with a "

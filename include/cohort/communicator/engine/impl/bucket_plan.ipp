@@ -121,12 +121,14 @@ COHORT_DECL void bucket_plan::scatter(bucket& b, std::vector<std::size_t>& membe
     const auto owner = static_cast<std::size_t>(owners[s]);
     const std::size_t total =
         static_cast<std::size_t>(blocks_[b.first_block + owner]) + slots[s].grad.count;
-    if (total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    if (!b.in_place && total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
       throw invalid_argument("cohort: a reduce-scattered bucket holds " + std::to_string(total) +
                              " elements for rank " + std::to_string(owner) +
                              ", more than one MPI call takes (INT_MAX): use smaller buckets");
     }
-    blocks_[b.first_block + owner] = static_cast<int>(total);
+    // (A gradient alone in place is reduced to its owner, in chunks: any size.)
+    blocks_[b.first_block + owner] =
+        static_cast<int>(std::min<std::size_t>(total, std::numeric_limits<int>::max()));
     if (owners[s] == rank) {
       if (b.own_members == 0) {
         b.own_first = i;

@@ -14,8 +14,7 @@ COHORT_DECL const bucket_plan& bucketed_reduction::prepare(std::span<const grad_
                                                            const reduction_table& reduction) {
   detail::fingerprint f;
   f.add(engine::slots_fingerprint(slots)).add(reduction.hooked_mask());
-  if (reduction.scattered()) { // (a plan is this rank's: it knows which members are its own)
-    f.add(static_cast<std::uint64_t>(reduction.rank()));
+  if (reduction.scattered()) { // (not the rank: the key names a layout the same on every rank)
     for (const int owner : reduction.owners()) {
       f.add(static_cast<std::uint64_t>(owner));
     }
