@@ -65,7 +65,9 @@ struct mlp_impl : torch::nn::Module {
 };
 TORCH_MODULE_IMPL(mlp, mlp_impl);
 
-double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+double mib(double bytes) {
+  return bytes / (1024.0 * 1024.0);
+}
 
 // A line of /proc/self/status ("VmRSS:  123 kB"), in bytes.
 double proc_status(std::string_view key) {
@@ -177,7 +179,9 @@ int main(int argc, char** argv) {
       run(s, comm, model, opt);
     } else {
       cohort::torch::sharded_optimizer<torch::optim::Adam, cohort::flat> opt{
-          std::move(adam), comm, *model,
+          std::move(adam),
+          comm,
+          *model,
           {.stage = s.mode == "stage1" ? cohort::zero_stage::optimizer_state
                                        : cohort::zero_stage::gradients}};
       run(s, comm, model, opt);

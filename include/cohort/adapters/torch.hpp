@@ -16,7 +16,6 @@
 
 #include <cohort/adapters/torch/batch_norm.hpp>
 #include <cohort/adapters/torch/distributed_optimizer.hpp>
-#include <cohort/adapters/torch/sharded_optimizer.hpp>
 #include <cohort/adapters/torch/distributed_sampler.hpp>
 #include <cohort/adapters/torch/evaluate.hpp>
 #include <cohort/adapters/torch/functions.hpp>
@@ -24,6 +23,7 @@
 #include <cohort/adapters/torch/multi_node_sequential.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/random.hpp>
+#include <cohort/adapters/torch/sharded_optimizer.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/adapters/torch/tensor_batches.hpp>
 #include <cohort/adapters/torch/threads.hpp>

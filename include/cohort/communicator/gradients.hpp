@@ -187,17 +187,28 @@ grad_slot reread_parameter(Params& params, std::size_t index, std::span<void* co
   }
 }
 
-//! Every parameter's value as a writable view, and its name.
+//! Every parameter's value as a writable view, and its name. The capacities of both are reused
+//! from step to step (a sharded optimizer reads them at every step).
 template <parameter_set Params>
 void collect_values(Params& params, std::vector<tensor_view>& values,
                     std::vector<std::string>& names) {
   values.clear();
-  names.clear();
+  std::size_t count = 0;
   for (auto&& p : params) {
     using traits = parameter_traits<std::remove_cvref_t<decltype(p)>>;
-    names.emplace_back(std::string_view(traits::name(p)));
-    values.push_back(make_view(traits::value(p), "the value of parameter '" + names.back() + "'"));
+    if (names.size() <= count) {
+      names.emplace_back();
+    }
+    names[count].assign(std::string_view(traits::name(p)));
+    auto& value = traits::value(p);
+    if (!tensor_is_contiguous(value)) {
+      throw invalid_argument("cohort: the value of parameter '" + names[count] +
+                             "' is not contiguous; cohort moves contiguous tensors only");
+    }
+    values.push_back(make_view(value));
+    ++count;
   }
+  names.resize(count);
 }
 
 } // namespace detail
