@@ -5,12 +5,12 @@
 #
 #   tools/dev.sh example   build and train examples/mnist_mlp on 2 ranks
 #   tools/dev.sh test      build and run the whole test suite (what CI runs after docs)
-#   tools/dev.sh sanitize [thread|address|fuzz]...
+#   tools/dev.sh sanitize [thread|address|fuzz|thread-engine|address-engine]...
 #                          build the test suites with ThreadSanitizer, then with
 #                          AddressSanitizer + UndefinedBehaviorSanitizer, and run them under
 #                          mpirun, then fuzz the checkpoint loader for COHORT_FUZZ_SECONDS (30)
 #                          (tools/fuzz.sh) (what CI runs next); suppressions for Open MPI in
-#                          test/sanitizers
+#                          test/sanitizers; *-engine: without the LibTorch programs
 #   tools/dev.sh bench [allreduce|grad_sync|overlap|checkpoint] [options]
 #                          build and run a benchmark (default allreduce) on 2 ranks
 #   tools/dev.sh bench plot
@@ -99,6 +99,9 @@ launchers=()
 compiler_cache() {
   if [ "${COHORT_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
     export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+    # What ccache needs to cache the translation units that use a precompiled header (the
+    # LibTorch programs: cmake/cohort-torch-pch.cmake): the header is made just before them.
+    export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
     export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
     launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   else
@@ -218,13 +221,20 @@ case "${1:-}" in
           stage_end
           continue
           ;;
+      esac
+      # thread-engine, address-engine: without the LibTorch programs (COHORT_WITH_TORCH=OFF; their
+      # jobs are skipped), the narrower plan .ci/run takes in a slow hour (docs/ci.md).
+      with_torch=ON
+      case "$kind" in *-engine) with_torch=OFF ;; esac
+      case "${kind%-engine}" in
         thread) flags="-fsanitize=thread" torch_options= ;;
         # (UBSan not in the LibTorch test programs: test/CMakeLists.txt says why)
         address) flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
           torch_options=-fno-sanitize=undefined ;;
-        *) echo "unknown sanitizer '$kind' (thread, address or fuzz)"; exit 2 ;;
+        *) echo "unknown sanitizer '$kind' (thread, address, thread-engine, address-engine or fuzz)"
+          exit 2 ;;
       esac
-      dir="$root/build-$kind"
+      dir="$root/build-${kind%-engine}"
       # The suites against the engine compiled once (COHORT_TEST_SEPARATE_COMPILATION, in
       # test/CMakeLists.txt): the same code, instrumented, in half the compile time; their jobs'
       # time bounds three times the Release ones (COHORT_TEST_TIME_SCALE).
@@ -232,7 +242,7 @@ case "${1:-}" in
       cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCOHORT_BUILD_TESTS=ON \
         -DCOHORT_BUILD_EXAMPLES=OFF -DCOHORT_BUILD_BENCHMARKS=OFF -DCOHORT_WITH_CUDA=OFF \
         -DCOHORT_TEST_SEPARATE_COMPILATION=ON -DCOHORT_TEST_TIME_SCALE=3 \
-        "-DCOHORT_TEST_TORCH_OPTIONS=$torch_options" \
+        "-DCOHORT_WITH_TORCH=$with_torch" "-DCOHORT_TEST_TORCH_OPTIONS=$torch_options" \
         "-DCMAKE_CXX_FLAGS=-O1 -g1 -fno-omit-frame-pointer $flags" \
         "-DCMAKE_EXE_LINKER_FLAGS=$flags" "${launchers[@]}"
       cmake --build "$dir" -j "$jobs" --target test_programs
