@@ -8,4 +8,5 @@
 #include <cohort/checkpoint/bucket_orders.hpp>
 #include <cohort/checkpoint/checkpointer.hpp>
 #include <cohort/checkpoint/powersgd.hpp>
+#include <cohort/checkpoint/sharded.hpp>
 #include <cohort/checkpoint/state.hpp>

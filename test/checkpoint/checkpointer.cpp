@@ -27,9 +27,11 @@
 #include <unistd.h>
 #include <vector>
 
+#include "checkpoint/fresh_directory.hpp"
 #include "support/expect.hpp"
 #include "support/mpi_test_main.hpp"
 
+using cohort::test::fresh_directory;
 using cohort::test::message_has;
 namespace fs = std::filesystem;
 
@@ -89,36 +91,6 @@ struct trainer_state {
     return w == o.w && b == o.b && velocity == o.velocity && engine == o.engine &&
            position == o.position;
   }
-};
-
-// A fresh directory every rank sees, named by rank 0, which removes it at the end of the test
-// (every rank has read what it reads by then: inside the collectives that end each call).
-class fresh_directory {
-public:
-  fresh_directory(cohort::flat& comm, const std::string& name)
-      : root_(comm.rank() == 0) {
-    std::string path;
-    if (root_) {
-      path =
-          (fs::temp_directory_path() / ("cohort-ckpt-" + std::to_string(::getpid()) + "-" + name))
-              .string();
-      fs::remove_all(path);
-    }
-    path_ = comm.bcast_obj(path);
-  }
-  fresh_directory(const fresh_directory&) = delete;
-  fresh_directory& operator=(const fresh_directory&) = delete;
-  ~fresh_directory() {
-    if (root_) {
-      std::error_code ignored;
-      fs::remove_all(path_, ignored);
-    }
-  }
-  const fs::path& path() const noexcept { return path_; }
-
-private:
-  bool root_;
-  fs::path path_;
 };
 
 fs::path part(const fs::path& dir, std::uint64_t step, const std::string& name) {

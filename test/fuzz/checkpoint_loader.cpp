@@ -1,19 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for what cohort reads from a checkpoint: the manifest's text, and the state's
-// bytes loaded into parameters, a random engine, a data position, bucket orders and PowerSGD's
-// state (its replicated part and this rank's errors). Whatever the
+// bytes loaded into parameters, a random engine, a data position, bucket orders, PowerSGD's
+// state (its replicated part and this rank's errors) and sharded tensors (every saved rank's
+// part read by each rank, as a sharded optimizer's state is resumed). Whatever the
 // bytes, the loader must end in a `checkpoint_error` or in success: never a crash, a leak, a
 // sanitizer report, or an allocation the bytes did not pay for. (Boost.Serialization values are
 // Boost's format and are left out: see docs/checkpoints.md.) Built and run by tools/fuzz.sh.
 //
 // Input: the first byte picks what is read; the rest is the manifest's text, or the replicated
-// state's bytes, or both scopes (a 4-byte length of the replicated part first).
+// state's bytes, or both scopes (a 4-byte length of the replicated part first), or two saved
+// ranks' files of sharded tensors (a 4-byte length of the first first).
 #include <cohort/checkpoint/bucket_orders.hpp>
 #include <cohort/checkpoint/manifest.hpp>
 #include <cohort/checkpoint/powersgd.hpp>
+#include <cohort/checkpoint/sharded.hpp>
 #include <cohort/checkpoint/state_io.hpp>
 #include <cohort/tensor/std.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -76,10 +81,53 @@ void load(std::span<const std::byte> replicated, std::optional<std::span<const s
   auto psgd = cohort::powersgd_replicated(s.psgd);
   auto errors = cohort::powersgd_errors(s.psgd);
   try {
-    cohort::checkpoint::deserialize(replicated, no_root, own, "fuzz", 3, {2, 2, 1}, s.ws, s.engine,
-                                    s.position, s.bs, orders, psgd, errors);
+    std::vector<std::span<const std::byte>> files;
+    if (own) {
+      files.push_back(*own);
+    }
+    cohort::checkpoint::deserialize(replicated, no_root, {files, 1}, "fuzz", 3, {2, 2, 1}, s.ws,
+                                    s.engine, s.position, s.bs, orders, psgd, errors);
   } catch (const cohort::checkpoint_error&) {
   }
+}
+
+// Two saved ranks' files, each a random engine (this rank's, rank 1's) and sharded tensors
+// ("w/m" saved by rank 0, "b/m" by rank 1).
+struct sharded_state {
+  std::vector<float> wm = std::vector<float>(6, 0.25f);
+  std::vector<float> bm = std::vector<float>(2, 0.75f);
+  std::vector<param> moments{{"w/m", &wm, nullptr}, {"b/m", &bm, nullptr}};
+  std::mt19937 engine{9};
+};
+
+void load_sharded(std::span<const std::byte> first, std::span<const std::byte> second) {
+  sharded_state s;
+  auto moments = cohort::sharded_tensors(s.moments);
+  const std::vector<std::byte> none =
+      cohort::checkpoint::serialize<cohort::state_scope::replicated>(3).contiguous();
+  const std::vector<std::byte> no_root =
+      cohort::checkpoint::serialize<cohort::state_scope::root>(3).contiguous();
+  const std::vector<std::span<const std::byte>> files{first, second};
+  // Resumed by 3 ranks (the engine read past), and by 2 (rank 1's engine loaded).
+  for (const int ranks : {3, 2}) {
+    try {
+      cohort::checkpoint::deserialize(none, no_root, {files, 0}, "fuzz", 3, {2, ranks, 1}, s.engine,
+                                      moments);
+    } catch (const cohort::checkpoint_error&) {
+    }
+  }
+}
+
+// The bytes after a 4-byte length, split at that length.
+std::pair<std::span<const std::byte>, std::span<const std::byte>>
+split_at_length(std::span<const std::byte> bytes) {
+  std::uint32_t split = 0;
+  if (bytes.size() >= sizeof split) {
+    std::memcpy(&split, bytes.data(), sizeof split);
+  }
+  const auto rest = bytes.subspan(std::min(bytes.size(), sizeof split));
+  const std::size_t at = std::min<std::size_t>(split, rest.size());
+  return {rest.first(at), rest.subspan(at)};
 }
 
 void parse(const std::string& text) {
@@ -96,7 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   const auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
   case 0:
     parse(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     break;
@@ -113,14 +161,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   case 1:
     load(bytes, std::nullopt);
     break;
+  case 4: {
+    const auto [first, second] = split_at_length(bytes);
+    load_sharded(first, second);
+    break;
+  }
   default: {
-    std::uint32_t split = 0;
-    if (bytes.size() >= sizeof split) {
-      std::memcpy(&split, bytes.data(), sizeof split);
-    }
-    const auto rest = bytes.subspan(std::min(bytes.size(), sizeof split));
-    const std::size_t at = std::min<std::size_t>(split, rest.size());
-    load(rest.first(at), rest.subspan(at));
+    const auto [first, second] = split_at_length(bytes);
+    load(first, second);
   }
   }
   return 0;
@@ -172,6 +220,15 @@ int main(int argc, char** argv) {
                        .contiguous();
   write("replicated", 1, shared, std::nullopt);
   write("both", 2, shared, std::span<const std::byte>(own));
+  // Two ranks' sharded files, each holding one of the tensors.
+  sharded_state a, b;
+  std::vector<param> of_rank_0{a.moments[0]}, of_rank_1{b.moments[1]};
+  const auto part = [&](std::vector<param>& mine) {
+    return cohort::checkpoint::serialize<state_scope::per_rank>(3, a.engine,
+                                                                cohort::sharded_tensors(mine))
+        .contiguous();
+  };
+  write("sharded", 4, part(of_rank_0), std::span<const std::byte>(part(of_rank_1)));
   return 0;
 }
 #endif

@@ -233,8 +233,9 @@ public:
       // error on every rank, the checkpoints left as they are, for a job that can read them).
       std::string problem;
       try {
-        files = checkpoint::verify_step(directory_, step, comm_.rank(), comm_.size(),
-                                        options_.max_file_bytes, read_buffer_);
+        files = checkpoint::verify_step(
+            directory_, step, comm_.rank(), comm_.size(), options_.max_file_bytes, read_buffer_,
+            checkpoint::count_of<state_scope::sharded, std::remove_cvref_t<State>...>() > 0);
       } catch (const checkpoint_io_error& e) {
         problem = "fault: rank " + std::to_string(comm_.rank()) + ": " + checkpoint::reason(e);
       } catch (const checkpoint_error& e) {
@@ -282,11 +283,11 @@ public:
       }
       std::string failure;
       try {
-        std::optional<std::span<const std::byte>> own;
-        if (files->own) {
-          own = *files->own;
+        std::vector<std::span<const std::byte>> rank_files;
+        for (const checkpoint::mapped_files& file : files->rank_files) {
+          rank_files.push_back(file.bytes());
         }
-        checkpoint::deserialize(files->replicated, files->root, own,
+        checkpoint::deserialize(files->replicated, files->root, {rank_files, files->first_rank},
                                 (directory_ / step_name(step)).string(), step,
                                 {files->saved_ranks, comm_.size(), comm_.rank()}, state...);
       } catch (const std::exception& e) {

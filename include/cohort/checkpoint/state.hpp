@@ -29,6 +29,7 @@
 #include <istream>
 #include <ostream>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -46,7 +47,11 @@ enum class state_scope {
   //! tensor addresses): rank 0's is written, by rank 0 alone, and every rank reads it.
   root,
   //! Each rank's own (random engines): written by each rank, read by the same rank.
-  per_rank
+  per_rank,
+  //! Each rank's part of a whole, by name (a sharded optimizer's state): written by each rank
+  //! beside its own things, and read by every rank from every part saved, so that a rank takes
+  //! what it owns now, at any number of ranks.
+  sharded
 };
 
 //! What a loader knows of the checkpoint it reads from.
@@ -61,21 +66,35 @@ struct load_context {
 //! - `static constexpr std::string_view kind` (named in errors: "parameters", "random engine");
 //! - `static void save(checkpoint::byte_writer&, const T&)`;
 //! - `static void load(checkpoint::byte_reader&, T&, const load_context&)`, which throws
-//!   `checkpoint_error` (through the reader) naming what does not fit.
+//!   `checkpoint_error` (through the reader) naming what does not fit; for a `sharded` thing,
+//!   `static void load(std::span<checkpoint::byte_reader> parts, T&, const load_context&)`
+//!   instead: `parts[r]` holds what saved rank r wrote, and each is to be read to its end.
 //! Per-rank things are loaded only when the number of ranks is the one that saved them;
 //! otherwise they keep their value (see checkpointer::resume).
 template <class T>
 struct checkpoint_traits;
 
+namespace checkpoint::detail {
+template <class T>
+concept loads_one = requires(byte_reader& in, T& thing, const load_context& context) {
+  checkpoint_traits<T>::load(in, thing, context);
+};
+template <class T>
+concept loads_parts = requires(std::span<byte_reader> parts, T& thing,
+                               const load_context& context) {
+  checkpoint_traits<T>::load(parts, thing, context);
+};
+} // namespace checkpoint::detail
+
 //! A thing with a `checkpoint_traits` specialization.
 template <class T>
-concept checkpointable = requires(checkpoint::byte_writer& w, checkpoint::byte_reader& r,
-                                  const T& c, T& m, const load_context& context) {
+concept checkpointable = requires(checkpoint::byte_writer& out, const T& thing) {
   { checkpoint_traits<T>::scope } -> std::convertible_to<state_scope>;
   { checkpoint_traits<T>::kind } -> std::convertible_to<std::string_view>;
-  checkpoint_traits<T>::save(w, c);
-  checkpoint_traits<T>::load(r, m, context);
-};
+  checkpoint_traits<T>::save(out, thing);
+}
+&&(checkpoint_traits<T>::scope == state_scope::sharded ? checkpoint::detail::loads_parts<T>
+                                                       : checkpoint::detail::loads_one<T>);
 
 //! A parameter set's values (not its gradients): each parameter by name, dtype and size, all
 //! checked on load against the set given, in host memory.

@@ -79,14 +79,22 @@ struct verified_step {
   std::optional<mapped_files> mapping;   //!< the replicated parts, when they map as one span
   std::span<const std::byte> replicated; //!< in `mapping`, or else in the caller's buffer
   std::vector<std::byte> root;
-  std::optional<std::vector<std::byte>> own; //!< when it was saved by as many ranks as now
+  //! The per-rank files read, mapped from the page cache (so that a rank resuming a sharded
+  //! state does not hold every rank's in its own memory): every saved rank's (`first_rank` 0)
+  //! when asked for; else this rank's alone when it was saved by as many ranks as now; else
+  //! one saved rank's, `rank % saved ranks` (`first_rank`), whose things are checked against the
+  //! state given though none of them is loaded (a sharded thing left out is an error).
+  std::vector<mapped_files> rank_files;
+  int first_rank = 0;
 };
 
 //! Reads and checks the files of the checkpoint of `step` under `directory` that rank `rank` of
-//! `ranks` needs. `buffer` holds what is read through (given by the caller, to keep or free).
+//! `ranks` needs: with `every_rank_file` (a state that holds sharded things), every saved
+//! rank's per-rank file. `buffer` holds what is read through (given by the caller, to keep or
+//! free).
 inline verified_step verify_step(const std::filesystem::path& directory, std::uint64_t step,
-                                 int rank, int ranks, std::uint64_t max_bytes,
-                                 kept_buffer& buffer) {
+                                 int rank, int ranks, std::uint64_t max_bytes, kept_buffer& buffer,
+                                 bool every_rank_file = false) {
   const std::filesystem::path where = directory / step_name(step);
   const std::filesystem::path manifest_path = where / manifest_name;
   const std::vector<std::byte> text = read_whole(manifest_path, manifest::max_bytes);
@@ -161,9 +169,27 @@ inline verified_step verify_step(const std::filesystem::path& directory, std::ui
     v.replicated = joined;
   }
   v.root = read_checked(where, m.root.front(), max_bytes);
-  if (m.ranks == ranks) {
-    v.own = read_checked(where, m.per_rank[static_cast<std::size_t>(rank)], max_bytes);
+  const std::size_t saved = m.per_rank.size();
+  std::size_t first = 0;
+  std::size_t count = saved;
+  if (!every_rank_file) {
+    first = static_cast<std::size_t>(m.ranks == ranks ? rank : rank % m.ranks);
+    count = 1;
   }
+  // Each rank starting with a different file, as for the replicated parts.
+  std::vector<std::optional<mapped_files>> rank_files(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t k = (i + static_cast<std::size_t>(rank)) % count;
+    const file_record& record = m.per_rank[first + k];
+    require_size(where, record, max_bytes);
+    const std::filesystem::path path = where / record.name;
+    rank_files[k].emplace(std::span(&path, 1), std::span(&record.size, 1));
+    require_sum(path, checksum::of(rank_files[k]->bytes()), record.checksum);
+  }
+  for (std::optional<mapped_files>& file : rank_files) {
+    v.rank_files.push_back(std::move(*file));
+  }
+  v.first_rank = static_cast<int>(first);
   return v;
 }
 

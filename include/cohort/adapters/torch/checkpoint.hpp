@@ -11,10 +11,13 @@
 // its groups' options through LibTorch's own serialization, matched by parameter name as
 // broadcast_optimizer_state matches them, so that a checkpoint resumes into a new process (whose
 // tensors are at other addresses). The module's state is replicated (written once, split across
-// the ranks, compared between them); the optimizer's is rank 0's (written by rank 0).
+// the ranks, compared between them); the optimizer's is rank 0's (written by rank 0). A
+// cohort::torch::sharded_optimizer's is each rank's shard: `sharded_optimizer_state(opt, module)`
+// (sharded_checkpoint.hpp, included here).
 
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
+#include <cohort/adapters/torch/sharded_checkpoint.hpp>
 #include <cohort/adapters/torch/tensor.hpp>
 #include <cohort/checkpoint/state.hpp>
 #include <cohort/config.hpp>

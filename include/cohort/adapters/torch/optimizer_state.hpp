@@ -24,9 +24,11 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 #include <torch/serialize/archive.h>
+#include <type_traits>
 #include <typeinfo>
 #include <unordered_map>
 #include <vector>
@@ -59,6 +61,18 @@ optimizer_parameter_names(const ::torch::optim::Optimizer& optimizer,
   return names;
 }
 
+// The key of `value`'s entry in an optimizer's `state`: LibTorch 1.13 keys the state by the
+// TensorImpl's address as text, later ones by the address.
+template <class State>
+auto state_key(const State&, const at::Tensor& value) {
+  using key = typename State::key_type;
+  if constexpr (std::is_same_v<key, std::string>) {
+    return c10::guts::to_string(value.unsafeGetTensorImpl());
+  } else {
+    return key(value.unsafeGetTensorImpl());
+  }
+}
+
 // What the root sends: its state and options, or why it could not serialize them (so that no
 // rank waits for bytes that never come).
 struct state_message {
@@ -76,12 +90,15 @@ struct state_message {
   }
 };
 
-inline state_message save_state(::torch::optim::Optimizer& optimizer) {
+// The state through `save(archive)` (the optimizer's save(), or LibTorch's own where a wrapper
+// refuses its save), then each group's options.
+template <class Save>
+state_message save_state_with(::torch::optim::Optimizer& optimizer, Save save) {
   state_message message;
   try {
     std::ostringstream out;
     ::torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
+    save(archive);
     for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
       ::torch::serialize::OutputArchive options;
       optimizer.param_groups()[g].options().serialize(options);
@@ -96,7 +113,11 @@ inline state_message save_state(::torch::optim::Optimizer& optimizer) {
   return message;
 }
 
-// Loads the root's state; returns what went wrong ("" if nothing).
+inline state_message save_state(::torch::optim::Optimizer& optimizer) {
+  return save_state_with(
+      optimizer, [&](::torch::serialize::OutputArchive& archive) { optimizer.save(archive); });
+}
+
 //! What cohort::torch::distributed_optimizer tells the functions that take it as a
 //! `torch::optim::Optimizer&`: the optimizer type it is (compared across ranks: not the
 //! wrapper's), and, while the root's state is loaded into it here, that its own `load()` (which
@@ -129,24 +150,20 @@ private:
   distributed_wrapper* target_;
 };
 
-inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_message& message,
-                              const std::vector<parameter>& named) {
+// Adds the state in `bytes` (save_state_with's) to `optimizer`'s through `load(archive)`, and
+// takes its groups' options; returns what went wrong ("" if nothing).
+template <class Load>
+std::string add_state_with(::torch::optim::Optimizer& optimizer, std::string_view bytes,
+                           const std::vector<parameter>& named, Load load) {
   try {
-    std::istringstream in(message.bytes);
     ::torch::serialize::InputArchive archive;
     // The state's tensors go where this rank's parameters are (another GPU than the root's).
     c10::optional<c10::Device> device;
     if (!named.empty()) {
       device = named.front().value.device();
     }
-    archive.load_from(in, device);
-    // Loading adds the root's state to what is there: a parameter the root has no state for
-    // would keep this rank's.
-    optimizer.state().clear();
-    {
-      const loading_root_state loading(optimizer);
-      optimizer.load(archive);
-    }
+    archive.load_from(bytes.data(), bytes.size(), device);
+    load(archive);
     for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
       ::torch::serialize::InputArchive options;
       archive.read("cohort/options/" + std::to_string(g), options);
@@ -154,6 +171,23 @@ inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_
     }
   } catch (const std::exception& e) {
     return e.what();
+  }
+  return {};
+}
+
+// Loads the root's state in place of this rank's; returns what went wrong ("" if nothing).
+inline std::string load_state(::torch::optim::Optimizer& optimizer, const state_message& message,
+                              const std::vector<parameter>& named) {
+  // Loading adds the root's state to what is there: a parameter the root has no state for
+  // would keep this rank's.
+  optimizer.state().clear();
+  if (std::string failure = add_state_with(optimizer, message.bytes, named,
+                                           [&](::torch::serialize::InputArchive& archive) {
+                                             const loading_root_state loading(optimizer);
+                                             optimizer.load(archive);
+                                           });
+      !failure.empty()) {
+    return failure;
   }
   if (optimizer.state().size() != message.states) {
     // An optimizer whose save/load are LibTorch's defaults (which do nothing) loses its state.

@@ -50,8 +50,10 @@ struct sharded_options {
 //! backward onto reduced gradients (accumulation without `no_sync()`) is an error on every rank.
 //!
 //! Host strategies only; not with a gradient hook (powersgd), nor with a closure (LBFGS). Its
-//! state is spread over the ranks: `torch::save` / `torch::load` of it are refused (a checkpoint
-//! of each rank's shard is to come), rather than saving one rank's shard as the whole.
+//! state is spread over the ranks: `torch::save` / `torch::load` of it are refused, rather than
+//! saving one rank's shard as the whole; a cohort checkpoint holds every rank's shard and
+//! resumes at any number of ranks (`sharded_optimizer_state`, in
+//! `<cohort/adapters/torch/checkpoint.hpp>`).
 template <class Optimizer, class Communicator, reducer Reducer = mean>
 requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
 class sharded_optimizer : public distributed_optimizer<Optimizer, Communicator, Reducer> {
@@ -115,7 +117,8 @@ private:
   static std::string spread(const char* what) {
     return std::string("cohort::torch::sharded_optimizer: ") + what +
            " of a sharded optimizer: each rank holds its own shard of the state, and one "
-           "rank's file would pass for the whole; checkpoints of the shards are not built yet";
+           "rank's file would pass for the whole; checkpoint every rank's shard with "
+           "cohort::torch::sharded_optimizer_state (<cohort/adapters/torch/checkpoint.hpp>)";
   }
 };
 

@@ -7,6 +7,7 @@
 // then every rank's updated parameters are all-gathered.
 
 #include <cohort/adapters/torch/module.hpp>
+#include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/window.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/config.hpp>
@@ -115,17 +116,6 @@ private:
   // Stage 2 frees them, except in a shared window (shared_memory), where they must stay.
   bool keeps_others() const noexcept {
     return stage_ == zero_stage::optimizer_state || shares_a_window<Communicator>;
-  }
-
-  template <class State>
-  static auto state_key(const State&, const at::Tensor& value) {
-    // LibTorch 1.13 keys the state by the TensorImpl's address as text, later ones by the address.
-    using key = typename State::key_type;
-    if constexpr (std::is_same_v<key, std::string>) {
-      return c10::guts::to_string(value.unsafeGetTensorImpl());
-    } else {
-      return key(value.unsafeGetTensorImpl());
-    }
   }
 
   Communicator* comm_;
