@@ -10,7 +10,6 @@
 #include <cohort/adapters/torch/checkpoint.hpp>
 #include <cohort/checkpoint.hpp>
 
-#include "checkpoint/fresh_directory.hpp"
 #endif
 
 #include <boost/test/unit_test.hpp>
@@ -25,9 +24,14 @@
 #include <vector>
 
 #include "support/expect.hpp"
+#include "support/first_ranks.hpp"
 #include "torch_models.hpp"
+#if __has_include(<xxhash.h>)
+#include "checkpoint/fresh_directory.hpp"
+#endif
 
 using cohort::test::message_has;
+using cohort::test::on_first;
 
 namespace {
 
@@ -91,18 +95,6 @@ void compare(cohort::flat& comm, Make make, bool overlap) {
 }
 
 #if __has_include(<xxhash.h>)
-// The first `ranks` ranks of `comm` as a job of their own, running `f` on it; the others wait.
-template <class F>
-void on_first(cohort::flat& comm, int ranks, F&& f) {
-  if (comm.rank() < ranks) {
-    cohort::flat job = comm.split(0, comm.rank());
-    f(job);
-  } else {
-    (void)comm.split(1, comm.rank());
-  }
-  comm.barrier();
-}
-
 // 5 steps of Adam on `before` ranks, a checkpoint, a new model and optimizer on `after` ranks
 // resumed from it, 5 steps more: the parameters after, and the resumed optimizer's state count.
 template <bool Sharded>

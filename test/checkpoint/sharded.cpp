@@ -21,9 +21,11 @@
 
 #include "checkpoint/fresh_directory.hpp"
 #include "support/expect.hpp"
+#include "support/first_ranks.hpp"
 
 using cohort::test::fresh_directory;
 using cohort::test::message_has;
+using cohort::test::on_first;
 
 namespace {
 
@@ -139,18 +141,6 @@ float worst_difference(const std::vector<std::vector<float>>& a,
     }
   }
   return worst;
-}
-
-// The first `ranks` ranks of `comm` as a job of their own, running `f` on it; the others wait.
-template <class F>
-void on_first(cohort::flat& comm, int ranks, F&& f) {
-  if (comm.rank() < ranks) {
-    cohort::flat job = comm.split(0, comm.rank());
-    f(job);
-  } else {
-    (void)comm.split(1, comm.rank());
-  }
-  comm.barrier();
 }
 
 adam make_adam(std::vector<param> owned) {

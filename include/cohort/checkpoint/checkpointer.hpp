@@ -199,10 +199,11 @@ public:
   //! way are listed by `skipped()` (and printed by rank 0), and set aside (renamed
   //! `set-aside-step-...`), so that the run's next saves are the newest. Per-rank state is loaded
   //! only if the checkpoint has as many ranks as now; otherwise it keeps its value, and
-  //! `data_position` restarts its epoch. Throws `checkpoint_error` on every rank if a verified
-  //! checkpoint does not fit `state` (another model, another order of things); the things loaded
-  //! before the one that did not fit keep what they loaded, so the state is then to be thrown
-  //! away, not trained.
+  //! `data_position` restarts its epoch. Sharded state is read from every saved rank's file at
+  //! any number of ranks (each rank takes what it holds now). Throws `checkpoint_error` on every
+  //! rank if a verified checkpoint does not fit `state` (another model, another order of things);
+  //! the things loaded before the one that did not fit keep what they loaded, so the state is then
+  //! to be thrown away, not trained.
   template <class... State>
   requires(checkpointable<std::remove_cvref_t<State>>&&...) std::optional<std::uint64_t> resume(
       State&&... state) {

@@ -13,7 +13,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -170,7 +169,8 @@ void deserialize(std::span<const std::byte> replicated, std::span<const std::byt
             detail::require_read(block, traits::kind);
           }
         } else if constexpr (traits::scope == state_scope::per_rank) {
-          for (byte_reader& part : parts) { // another rank's, read past
+          // Each file's block is read (and its kind checked); this rank's own alone is loaded.
+          for (byte_reader& part : parts) {
             byte_reader block = detail::next_block(part, index, traits::kind);
             if (&part == mine) {
               traits::load(block, state, context);

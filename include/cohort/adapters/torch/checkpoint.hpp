@@ -15,6 +15,7 @@
 // cohort::torch::sharded_optimizer's is each rank's shard: `sharded_optimizer_state(opt, module)`
 // (sharded_checkpoint.hpp, included here).
 
+#include <cohort/adapters/torch/detail/optimizer_names.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/sharded_checkpoint.hpp>
@@ -146,12 +147,7 @@ struct checkpoint_traits<torch::optimizer_state_ref> {
   static constexpr std::string_view kind = "torch optimizer state";
 
   static void save(checkpoint::byte_writer& out, const torch::optimizer_state_ref& state) {
-    const std::vector<std::string> names =
-        torch::detail::optimizer_parameter_names(*state.optimizer, state.named);
-    out.put<std::uint64_t>(names.size());
-    for (const std::string& name : names) {
-      out.put_string(name, "a parameter's name");
-    }
+    torch::detail::put_optimizer_names(out, *state.optimizer, state.named);
     const torch::detail::state_message message = torch::detail::save_state(*state.optimizer);
     if (!message.failure.empty()) {
       throw checkpoint_error("cohort checkpoint: the optimizer's state does not serialize: " +
@@ -163,21 +159,7 @@ struct checkpoint_traits<torch::optimizer_state_ref> {
 
   static void load(checkpoint::byte_reader& in, torch::optimizer_state_ref& state,
                    const load_context&) {
-    const std::vector<std::string> names =
-        torch::detail::optimizer_parameter_names(*state.optimizer, state.named);
-    const auto saved = in.get<std::uint64_t>("the number of the optimizer's parameters");
-    if (saved != names.size()) {
-      in.fail("the optimizer", "was saved with " + std::to_string(saved) +
-                                   " parameters, the one given has " +
-                                   std::to_string(names.size()));
-    }
-    for (const std::string& name : names) {
-      const std::string saved_name = in.get_string("an optimizer parameter's name");
-      if (saved_name != name) {
-        in.fail("optimizer parameter '" + saved_name + "'",
-                "stands where the one given has '" + name + "'");
-      }
-    }
+    torch::detail::require_optimizer_names(in, *state.optimizer, state.named);
     torch::detail::state_message message;
     message.states = static_cast<std::size_t>(in.get<std::uint64_t>("the number of states"));
     message.bytes = in.get_string("the optimizer's state", in.left());

@@ -15,6 +15,7 @@
 // resumed optimizers must have the same parameters in the same order (their names are compared,
 // each part's against the one given).
 
+#include <cohort/adapters/torch/detail/optimizer_names.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/sharded_optimizer.hpp>
@@ -67,12 +68,7 @@ struct checkpoint_traits<torch::sharded_optimizer_state_ref<Optimizer, Communica
     // Not inner(), which waits for a reduction in flight, collectively: a rank whose earlier
     // thing failed would not be there. The state is the step's, which no reduction writes.
     ::torch::optim::Optimizer& optimizer = static_cast<Optimizer&>(sharded);
-    const std::vector<std::string> names =
-        torch::detail::optimizer_parameter_names(optimizer, state.named);
-    out.put<std::uint64_t>(names.size());
-    for (const std::string& name : names) {
-      out.put_string(name, "a parameter's name");
-    }
+    torch::detail::put_optimizer_names(out, optimizer, state.named);
     const std::vector<at::Tensor> params = parameters_of(optimizer);
     std::vector<std::uint64_t> with_state;
     for (std::size_t p = 0; p < params.size(); ++p) {
@@ -120,19 +116,7 @@ struct checkpoint_traits<torch::sharded_optimizer_state_ref<Optimizer, Communica
     std::vector<int> stated_by(names.size(), -1);
     for (std::size_t r = 0; r < parts.size(); ++r) {
       checkpoint::byte_reader& in = parts[r];
-      const auto saved = in.get<std::uint64_t>("the number of the optimizer's parameters");
-      if (saved != names.size()) {
-        in.fail("the optimizer", "was saved with " + std::to_string(saved) +
-                                     " parameters, the one given has " +
-                                     std::to_string(names.size()));
-      }
-      for (const std::string& name : names) {
-        const std::string saved_name = in.get_string("an optimizer parameter's name");
-        if (saved_name != name) {
-          in.fail("optimizer parameter '" + saved_name + "'",
-                  "stands where the one given has '" + name + "'");
-        }
-      }
+      torch::detail::require_optimizer_names(in, optimizer, state.named);
       const auto stated = in.get<std::uint64_t>("the number of parameters with state");
       if (stated > names.size()) {
         in.fail("the parameters with state",

@@ -21,7 +21,6 @@
 #include <string>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
