@@ -54,16 +54,10 @@ struct checkpoint_traits<sharded_tensors_ref<Tensors>> {
   static constexpr state_scope scope = state_scope::sharded;
   static constexpr std::string_view kind = "sharded tensors";
 
+  // A part is written as a parameter set's values are (its names, dtypes and bytes): what
+  // differs is how it is read back.
   static void save(checkpoint::byte_writer& out, const sharded_tensors_ref<Tensors>& ref) {
-    out.put<std::uint64_t>(static_cast<std::uint64_t>(std::ranges::distance(*ref.tensors)));
-    for (auto& t : *ref.tensors) {
-      const std::string name(name_of(t));
-      const tensor_view v = host_view(t, name);
-      out.mark("tensor '" + name + "'");
-      out.put_string(name, "a tensor's name");
-      out.put<std::uint8_t>(static_cast<std::uint8_t>(v.type));
-      out.put_block_borrowed({static_cast<const std::byte*>(v.data), v.size_bytes()});
-    }
+    checkpoint_traits<Tensors>::save(out, *ref.tensors);
   }
 
   static void load(std::span<checkpoint::byte_reader> parts, sharded_tensors_ref<Tensors>& ref,
@@ -74,8 +68,8 @@ struct checkpoint_traits<sharded_tensors_ref<Tensors>> {
     };
     std::map<std::string, wanted, std::less<>> held;
     for (auto& t : *ref.tensors) {
-      std::string name(name_of(t));
-      const tensor_view v = host_view(t, name);
+      std::string name(parameter_traits<std::remove_cvref_t<decltype(t)>>::name(t));
+      const tensor_view v = checkpoint::detail::host_value(t, "sharded tensor '" + name + "'");
       if (!held.emplace(name, wanted{v}).second) {
         throw invalid_argument("cohort checkpoint: sharded tensor '" + name +
                                "' is named twice in the set given");
@@ -120,22 +114,6 @@ struct checkpoint_traits<sharded_tensors_ref<Tensors>> {
                                " saved ranks' parts (another model, or names that differ)");
       }
     }
-  }
-
-private:
-  template <class T>
-  static std::string_view name_of(const T& t) {
-    return parameter_traits<std::remove_cvref_t<T>>::name(t);
-  }
-  template <class T>
-  static tensor_view host_view(T& t, const std::string& name) {
-    const tensor_view v = make_view(parameter_traits<std::remove_cvref_t<T>>::value(t),
-                                    "sharded tensor '" + name + "'");
-    if (v.location != memory_location::host) {
-      throw invalid_argument("cohort checkpoint: sharded tensor '" + name +
-                             "' is in device memory; checkpoint a host copy of it");
-    }
-    return v;
   }
 };
 

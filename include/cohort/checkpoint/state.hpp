@@ -86,6 +86,23 @@ concept loads_parts = requires(std::span<byte_reader> parts, T& thing,
 };
 } // namespace checkpoint::detail
 
+namespace checkpoint::detail {
+// Tensors are checkpointed from host memory; `what` names the tensor in the error.
+inline void require_host(const const_tensor_view& v, const std::string& what) {
+  if (v.location != memory_location::host) {
+    throw invalid_argument("cohort checkpoint: " + what +
+                           " is in device memory; checkpoint a host copy of it");
+  }
+}
+// The value of the parameter `p` (named `what`), to be written into: a host tensor.
+template <class P>
+tensor_view host_value(P& p, const std::string& what) {
+  const tensor_view v = make_view(parameter_traits<std::remove_cvref_t<P>>::value(p), what);
+  require_host(v, what);
+  return v;
+}
+} // namespace checkpoint::detail
+
 //! A thing with a `checkpoint_traits` specialization.
 template <class T>
 concept checkpointable = requires(checkpoint::byte_writer& out, const T& thing) {
@@ -127,9 +144,7 @@ struct checkpoint_traits<Params> {
       if (saved_name != name) {
         in.fail("parameter '" + saved_name + "'", "stands where the set given has '" + name + "'");
       }
-      const tensor_view v = make_view(parameter_traits<std::remove_cvref_t<decltype(p)>>::value(p),
-                                      "parameter '" + name + "'");
-      require_host(v, name);
+      const tensor_view v = checkpoint::detail::host_value(p, "parameter '" + name + "'");
       const auto type = in.get<std::uint8_t>("the dtype of '" + name + "'");
       if (type != static_cast<std::uint8_t>(v.type)) {
         in.fail("parameter '" + name + "'", "was saved as dtype " + std::to_string(type) +
@@ -157,14 +172,8 @@ private:
   static const_tensor_view host_view(const P& p, const std::string& name) {
     const const_tensor_view v = make_const_view(parameter_traits<std::remove_cvref_t<P>>::value(p),
                                                 "parameter '" + name + "'");
-    require_host(v, name);
+    checkpoint::detail::require_host(v, "parameter '" + name + "'");
     return v;
-  }
-  static void require_host(const const_tensor_view& v, const std::string& name) {
-    if (v.location != memory_location::host) {
-      throw invalid_argument("cohort checkpoint: parameter '" + name +
-                             "' is in device memory; checkpoint a host copy of it");
-    }
   }
 };
 

@@ -169,25 +169,23 @@ inline verified_step verify_step(const std::filesystem::path& directory, std::ui
     v.replicated = joined;
   }
   v.root = read_checked(where, m.root.front(), max_bytes);
-  const std::size_t saved = m.per_rank.size();
   std::size_t first = 0;
-  std::size_t count = saved;
+  std::size_t count = m.per_rank.size();
   if (!every_rank_file) {
     first = static_cast<std::size_t>(m.ranks == ranks ? rank : rank % m.ranks);
     count = 1;
   }
-  // Each rank starting with a different file, as for the replicated parts.
-  std::vector<std::optional<mapped_files>> rank_files(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::size_t k = (i + static_cast<std::size_t>(rank)) % count;
+  const auto path_of = [&](std::size_t k) { return where / m.per_rank[first + k].name; };
+  for (std::size_t k = 0; k < count; ++k) {
     const file_record& record = m.per_rank[first + k];
     require_size(where, record, max_bytes);
-    const std::filesystem::path path = where / record.name;
-    rank_files[k].emplace(std::span(&path, 1), std::span(&record.size, 1));
-    require_sum(path, checksum::of(rank_files[k]->bytes()), record.checksum);
+    const std::filesystem::path path = path_of(k);
+    v.rank_files.emplace_back(std::span(&path, 1), std::span(&record.size, 1));
   }
-  for (std::optional<mapped_files>& file : rank_files) {
-    v.rank_files.push_back(std::move(*file));
+  // Checked as they are read, each rank starting with a different file, as the replicated parts.
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t k = (i + static_cast<std::size_t>(rank)) % count;
+    require_sum(path_of(k), checksum::of(v.rank_files[k].bytes()), m.per_rank[first + k].checksum);
   }
   v.first_rank = static_cast<int>(first);
   return v;
