@@ -290,6 +290,87 @@ BOOST_AUTO_TEST_CASE(device_tensor_collectives) {
 }
 
 namespace {
+// Blocks of any size in device memory (what a sharded optimizer gathers): rank r's block holds
+// 2r + 1 elements, rank 1's none (a rank that owns nothing); then blocks all of one size, NCCL's
+// own all-gather and reduce-scatter. Integers: the sums are exact.
+template <class Strategy>
+void check_blocks_of_any_size() {
+  auto comm = make<Strategy>();
+  const int n = comm.size();
+  for (const bool even : {false, true}) {
+    std::vector<std::size_t> counts, offsets;
+    std::size_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      counts.push_back(even ? 3 : (r == 1 ? 0 : 2 * static_cast<std::size_t>(r) + 1));
+      offsets.push_back(total);
+      total += counts.back();
+    }
+    const auto me = static_cast<std::size_t>(comm.rank());
+    std::vector<std::int32_t> mine(counts[me]);
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      mine[j] = 100 * comm.rank() + static_cast<std::int32_t>(j);
+    }
+    device_array<std::int32_t> block(mine);
+    device_array<std::int32_t> whole(std::vector<std::int32_t>(total, -1));
+    auto block_view = block.span();
+    auto whole_view = whole.span();
+    comm.allgather(block_view, whole_view, counts);
+    const auto gathered = whole.read();
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(r)]; ++j) {
+        BOOST_REQUIRE_EQUAL(gathered[offsets[static_cast<std::size_t>(r)] + j],
+                            100 * r + static_cast<std::int32_t>(j));
+      }
+    }
+    // Rank q contributes (q + 1) * k at element k: rank r's block sums to n(n+1)/2 * k.
+    std::vector<std::int32_t> contribution(total);
+    for (std::size_t k = 0; k < total; ++k) {
+      contribution[k] = (comm.rank() + 1) * static_cast<std::int32_t>(k);
+    }
+    device_array<std::int32_t> in(contribution);
+    device_array<std::int32_t> out(std::vector<std::int32_t>(counts[me], -1));
+    auto in_view = in.span();
+    auto out_view = out.span();
+    comm.reduce_scatter(in_view, out_view, counts);
+    const auto reduced = out.read();
+    for (std::size_t j = 0; j < reduced.size(); ++j) {
+      BOOST_REQUIRE_EQUAL(reduced[j], n * (n + 1) / 2 * static_cast<std::int32_t>(offsets[me] + j));
+    }
+  }
+  // Counts that differ between the ranks: an error on every rank, before NCCL is called.
+  if (n > 1) {
+    std::vector<std::size_t> counts(static_cast<std::size_t>(n), 2);
+    counts[0] = comm.rank() == 0 ? 3 : 2;
+    device_array<float> block{std::vector<float>(counts[static_cast<std::size_t>(comm.rank())])};
+    device_array<float> whole(std::vector<float>(2 * static_cast<std::size_t>(n) + counts[0] - 2));
+    auto block_view = block.span();
+    auto whole_view = whole.span();
+    BOOST_CHECK_EXCEPTION(comm.allgather(block_view, whole_view, counts), cohort::mismatch_error,
+                          [](const cohort::mismatch_error& e) {
+                            return std::string(e.what()).find("the counts") != std::string::npos;
+                          });
+  }
+  // A block of another size than this rank's count: named on this rank, an error on every rank.
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n), 2);
+  device_array<float> wrong(std::vector<float>(comm.rank() == 0 ? 1 : 2));
+  device_array<float> whole(std::vector<float>(2 * static_cast<std::size_t>(n)));
+  auto wrong_view = wrong.span();
+  auto whole_view = whole.span();
+  BOOST_CHECK_THROW(comm.allgather(wrong_view, whole_view, counts), cohort::error);
+  // The communicator is still usable after the refused calls.
+  device_array<float> ones(std::vector<float>(4, 1.0f));
+  auto ones_view = ones.span();
+  comm.allreduce(ones_view);
+  expect_equal(ones.read(), std::vector<float>(4, static_cast<float>(n)));
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(blocks_of_any_size_gathered_and_reduce_scattered_on_the_device) {
+  check_blocks_of_any_size<cohort::pure_nccl>();
+  check_blocks_of_any_size<cohort::hierarchical<cohort::nccl_links>>();
+}
+
+namespace {
 template <class Strategy>
 void check_broadcast_parameters() {
   auto comm = make<Strategy>();

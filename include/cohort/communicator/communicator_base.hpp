@@ -354,6 +354,16 @@ protected:
                     std::string_view operation) const {
     checks_.check_blocks(block, whole, operation);
   }
+  std::vector<std::size_t> check_counted_blocks(const_tensor_view block, const_tensor_view whole,
+                                                std::span<const std::size_t> counts,
+                                                std::string_view operation) const {
+    return checks_.check_counted_blocks(block, whole, counts, operation);
+  }
+  void agree_on_counts(const char* operation, std::span<const std::size_t> counts, dtype type,
+                       int detail_value, std::string_view detail_name, const std::string& problem,
+                       std::size_t bytes) const {
+    checks_.agree_on_counts(operation, counts, type, detail_value, detail_name, problem, bytes);
+  }
   void require_device(memory_location location, std::string_view operation) const {
     checks_.require_location(location, true, operation);
   }

@@ -184,8 +184,12 @@ public:
                     std::string_view operation) const;
 
   //! `counts` has one count per rank, `block` counts[rank()] elements and `whole` their sum, of
-  //! the same dtype, within what one MPI call takes (int counts and offsets). Returns the counts
-  //! and the offsets (where each rank's block begins in `whole`) as MPI takes them.
+  //! the same dtype. Returns the offsets: where each rank's block begins in `whole`.
+  std::vector<std::size_t> check_counted_blocks(const_tensor_view block, const_tensor_view whole,
+                                                std::span<const std::size_t> counts,
+                                                std::string_view operation) const;
+  //! `check_counted_blocks`, within what one MPI call takes (int counts and offsets). Returns the
+  //! counts and the offsets as MPI takes them.
   std::pair<std::vector<int>, std::vector<int>>
   check_variable_blocks(const_tensor_view block, const_tensor_view whole,
                         std::span<const std::size_t> counts, std::string_view operation) const;

@@ -145,7 +145,6 @@ public:
     });
   }
 
-  // Blocks of any size (communicator_base's): host memory only, for now.
   using base::allgather;
   using base::reduce_scatter;
 
@@ -189,6 +188,59 @@ public:
                 problem);
     enqueue("reduce_scatter", [&](nccl::communicator& c, cudaStream_t s) {
       nccl::reduce_scatter(c, i.data, o.data, o.count, o.type, op, s);
+    });
+  }
+
+  //! `allgather` of blocks of any size (rank r's `in` holds counts[r] elements, 0 too; `out` their
+  //! sum, rank r's after the ranks' before it), in device memory: the ranks agree on the counts,
+  //! then one broadcast from each rank in one NCCL group (NCCL's all-gather where they are even).
+  template <tensor In, writable_tensor Out>
+  void allgather(const In& in, Out& out, std::span<const std::size_t> counts) {
+    if constexpr (host_tensor<In> && host_tensor<Out>) {
+      if (!on_device(in) && !on_device(out)) {
+        return base::allgather(in, out, counts);
+      }
+    }
+    operation_scope scope("allgather");
+    const_tensor_view i;
+    tensor_view o;
+    std::vector<std::size_t> offsets;
+    const std::string problem = this->local_checks([&] {
+      i = device_const_view(in, "allgather");
+      o = device_view(out, "allgather");
+      offsets = this->check_counted_blocks(i, o, counts, "allgather");
+    });
+    this->agree_on_counts("allgather (device memory)", counts, i.type, 0, "", problem,
+                          o.size_bytes());
+    enqueue("allgather", [&](nccl::communicator& c, cudaStream_t s) {
+      nccl::allgather_blocks(c, i.data, o.data, counts, offsets, i.type, s);
+    });
+  }
+
+  //! `reduce_scatter` of blocks of any size (`in` holds the sum of `counts`; rank r gets the
+  //! reduction of its block, counts[r] elements, 0 too, in `out`), in device memory: one reduce to
+  //! each rank in one NCCL group (NCCL's reduce-scatter where the counts are even).
+  template <tensor In, writable_tensor Out>
+  void reduce_scatter(const In& in, Out& out, std::span<const std::size_t> counts,
+                      reduce_op op = reduce_op::sum) {
+    if constexpr (host_tensor<In> && host_tensor<Out>) {
+      if (!on_device(in) && !on_device(out)) {
+        return base::reduce_scatter(in, out, counts, op);
+      }
+    }
+    operation_scope scope("reduce_scatter");
+    const_tensor_view i;
+    tensor_view o;
+    std::vector<std::size_t> offsets;
+    const std::string problem = this->local_checks([&] {
+      i = device_const_view(in, "reduce_scatter");
+      o = device_view(out, "reduce_scatter");
+      offsets = this->check_counted_blocks(o, i, counts, "reduce_scatter");
+    });
+    this->agree_on_counts("reduce_scatter (device memory)", counts, o.type, static_cast<int>(op),
+                          "op", problem, i.size_bytes());
+    enqueue("reduce_scatter", [&](nccl::communicator& c, cudaStream_t s) {
+      nccl::reduce_scatter_blocks(c, i.data, o.data, counts, offsets, o.type, op, s);
     });
   }
 

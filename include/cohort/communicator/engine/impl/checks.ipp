@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <system_error>
@@ -301,6 +302,26 @@ COHORT_DECL std::pair<std::vector<int>, std::vector<int>>
 checks::check_variable_blocks(const_tensor_view block, const_tensor_view whole,
                               std::span<const std::size_t> counts,
                               std::string_view operation) const {
+  const std::vector<std::size_t> offsets = check_counted_blocks(block, whole, counts, operation);
+  if (whole.count > static_cast<std::size_t>(INT_MAX)) {
+    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
+                           std::to_string(rank()) + ": the counts add up to " +
+                           std::to_string(whole.count) +
+                           " elements, more than one MPI call takes (INT_MAX, " +
+                           std::to_string(INT_MAX) + ")");
+  }
+  std::pair<std::vector<int>, std::vector<int>> mpi_counts;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    mpi_counts.first.push_back(static_cast<int>(counts[r]));
+    mpi_counts.second.push_back(static_cast<int>(offsets[r]));
+  }
+  return mpi_counts;
+}
+
+COHORT_DECL std::vector<std::size_t>
+checks::check_counted_blocks(const_tensor_view block, const_tensor_view whole,
+                             std::span<const std::size_t> counts,
+                             std::string_view operation) const {
   const std::string where =
       "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": ";
   if (counts.size() != static_cast<std::size_t>(size())) {
@@ -312,18 +333,15 @@ checks::check_variable_blocks(const_tensor_view block, const_tensor_view whole,
                            " but the " + std::to_string(size()) + "-rank tensor is " +
                            std::string(to_string(whole.type)));
   }
-  std::pair<std::vector<int>, std::vector<int>> mpi_counts;
-  auto& [ints, offsets] = mpi_counts;
+  std::vector<std::size_t> offsets;
+  offsets.reserve(counts.size());
   std::size_t total = 0;
   for (const std::size_t count : counts) {
-    offsets.push_back(static_cast<int>(std::min<std::size_t>(total, INT_MAX)));
-    ints.push_back(static_cast<int>(std::min<std::size_t>(count, INT_MAX)));
+    offsets.push_back(total);
+    if (count > std::numeric_limits<std::size_t>::max() - total) {
+      throw invalid_argument(where + "the counts add up to more than a size_t holds");
+    }
     total += count;
-  }
-  if (total > static_cast<std::size_t>(INT_MAX)) {
-    throw invalid_argument(where + "the counts add up to " + std::to_string(total) +
-                           " elements, more than one MPI call takes (INT_MAX, " +
-                           std::to_string(INT_MAX) + ")");
   }
   const std::size_t mine = counts[static_cast<std::size_t>(rank())];
   if (block.count != mine) {
@@ -335,7 +353,7 @@ checks::check_variable_blocks(const_tensor_view block, const_tensor_view whole,
                            " elements, but the " + std::to_string(size()) + "-rank tensor has " +
                            std::to_string(whole.count));
   }
-  return mpi_counts;
+  return offsets;
 }
 
 COHORT_DECL void checks::check_exchange(const_tensor_view in, const_tensor_view out,
