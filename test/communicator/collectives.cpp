@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -240,6 +241,49 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(blocks_of_any_size_that_disagree_throw_on_every_ra
   std::vector<float> gathered(2 * n);
   comm.allgather(ok, gathered, counts);
   BOOST_TEST(gathered[2 * last + 1] == 1.0f);
+}
+
+// Each value from its own root, all in flight at once (a sharded optimizer's parameters, each
+// from its owner): several dtypes and sizes, an empty one; then bad arguments on one rank, an
+// error on every rank before anything moves.
+BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_each_copies_every_value_from_its_root, Strategy,
+                              strategies) {
+  auto comm = cohort::make_communicator<Strategy>();
+  const int n = comm.size();
+  const int r = comm.rank();
+  std::vector<float> a(1000, static_cast<float>(r));
+  std::vector<double> b(7, 10.0 * r);
+  std::vector<std::int32_t> c(3, 100 * r);
+  std::vector<float> empty;
+  std::vector<cohort::tensor_view> values{cohort::make_view(a), cohort::make_view(b),
+                                          cohort::make_view(c), cohort::make_view(empty)};
+  const std::vector<int> roots{n - 1, 0, (n > 2 ? 2 : 0), 0};
+  comm.broadcast_each(values, roots);
+  BOOST_TEST(std::all_of(a.begin(), a.end(), [&](float x) { return x == float(n - 1); }));
+  BOOST_TEST(std::all_of(b.begin(), b.end(), [](double x) { return x == 0.0; }));
+  BOOST_TEST(std::all_of(c.begin(), c.end(), [&](std::int32_t x) { return x == 100 * roots[2]; }));
+  // A root out of range on the last rank: named there, an error on every rank.
+  std::vector<int> bad = roots;
+  if (r == n - 1) {
+    bad[1] = n;
+  }
+  BOOST_CHECK_EXCEPTION(comm.broadcast_each(values, bad), std::exception,
+                        message_has({"broadcast_each", "rank " + std::to_string(n - 1)}));
+  // Fewer roots than values: named.
+  BOOST_CHECK_EXCEPTION(comm.broadcast_each(values, std::span(roots).first(2)), std::exception,
+                        message_has({"broadcast_each", "4 values but 2 roots"}));
+  // One rank's value of another size: a mismatch on every rank, naming the value.
+  if (n > 1) {
+    std::vector<float> longer(r == 0 ? 5 : 4);
+    const std::vector<cohort::tensor_view> one{cohort::make_view(longer)};
+    BOOST_CHECK_EXCEPTION(comm.broadcast_each(one, std::vector<int>{0}), cohort::mismatch_error,
+                          message_has({"broadcast_each", "value 0"}));
+  }
+  // Still working after the errors.
+  std::vector<float> ok(2, static_cast<float>(r));
+  const std::vector<cohort::tensor_view> last{cohort::make_view(ok)};
+  comm.broadcast_each(last, std::vector<int>{n - 1});
+  BOOST_TEST(ok[1] == float(n - 1));
 }
 
 // Gather and scatter, at every root: the whole exists on the root only.

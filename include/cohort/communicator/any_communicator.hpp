@@ -18,6 +18,7 @@
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/parameter.hpp>
+#include <cohort/tensor/tensor_view.hpp>
 
 #include <boost/mpi/communicator.hpp>
 
@@ -175,6 +176,9 @@ public:
   template <class T>
   auto ibroadcast(T& t, int root = 0) {
     return call([&](auto& c) { return c.ibroadcast(t, root); });
+  }
+  void broadcast_each(std::span<const tensor_view> values, std::span<const int> roots) {
+    call([&](auto& c) { c.broadcast_each(values, roots); });
   }
   template <class In, class Out>
   void allgather(const In& in, Out& out) {

@@ -79,12 +79,20 @@ public:
   void run(Communicator& comm, std::span<const tensor_view> values,
            std::span<const std::string> names) {
     require_layout(values, names);
+    alone_.clear();
+    owners_.clear();
     for (const bucket& b : buckets_) {
       const auto members = std::span(members_).subspan(b.first_member, b.member_count);
       if (b.member_count == 1) {
-        // A parameter alone (a large one): broadcast in place from its owner, no copy.
-        tensor_view value = values[members.front()];
-        comm.broadcast(value, b.owner);
+        // A parameter alone (a large one): broadcast in place from its owner, no copy; all of
+        // them at once, below, where the communicator can.
+        if constexpr (requires { comm.broadcast_each(alone_, owners_); }) {
+          alone_.push_back(values[members.front()]);
+          owners_.push_back(b.owner);
+        } else {
+          tensor_view value = values[members.front()];
+          comm.broadcast(value, b.owner);
+        }
         continue;
       }
       const std::size_t width = size_of(b.type);
@@ -104,6 +112,11 @@ public:
           std::memcpy(value.data, out, value.count * width);
         }
         out += value.count * width;
+      }
+    }
+    if (!alone_.empty()) {
+      if constexpr (requires { comm.broadcast_each(alone_, owners_); }) {
+        comm.broadcast_each(alone_, owners_);
       }
     }
   }
@@ -174,6 +187,8 @@ private:
   }
 
   int rank_ = 0;
+  std::vector<tensor_view> alone_; // (the parameters broadcast alone, and their owners, in run)
+  std::vector<int> owners_;
   std::size_t ranks_ = 1;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> members_;

@@ -304,11 +304,10 @@ checks::check_variable_blocks(const_tensor_view block, const_tensor_view whole,
                               std::string_view operation) const {
   const std::vector<std::size_t> offsets = check_counted_blocks(block, whole, counts, operation);
   if (whole.count > static_cast<std::size_t>(INT_MAX)) {
-    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                           std::to_string(rank()) + ": the counts add up to " +
-                           std::to_string(whole.count) +
-                           " elements, more than one MPI call takes (INT_MAX, " +
-                           std::to_string(INT_MAX) + ")");
+    throw invalid_argument(
+        "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
+        ": the counts add up to " + std::to_string(whole.count) +
+        " elements, more than one MPI call takes (INT_MAX, " + std::to_string(INT_MAX) + ")");
   }
   std::pair<std::vector<int>, std::vector<int>> mpi_counts;
   for (std::size_t r = 0; r < counts.size(); ++r) {
