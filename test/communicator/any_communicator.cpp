@@ -40,6 +40,15 @@ BOOST_AUTO_TEST_CASE(every_name_reduces_as_its_strategy) {
     auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
     request.ready(1);
     request.wait();
+    // Each value from its own root, through the variant.
+    std::vector<float> mine(3, static_cast<float>(comm.rank()));
+    std::vector<float> theirs(2, static_cast<float>(comm.rank()));
+    const std::vector<cohort::tensor_view> values{cohort::make_view(mine),
+                                                  cohort::make_view(theirs)};
+    comm.broadcast_each(values, std::vector<int>{0, comm.size() - 1});
+    BOOST_TEST(mine == std::vector<float>(3, 0.0f), boost::test_tools::per_element());
+    BOOST_TEST(theirs == std::vector<float>(2, static_cast<float>(comm.size() - 1)),
+               boost::test_tools::per_element());
     const auto half = comm.split(comm.rank() % 2, comm.rank());
     BOOST_TEST(half.name() == name);
     BOOST_TEST(half.size() == (comm.size() + 1 - comm.rank() % 2) / 2);

@@ -272,12 +272,34 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_each_copies_every_value_from_its_root, S
   // Fewer roots than values: named.
   BOOST_CHECK_EXCEPTION(comm.broadcast_each(values, std::span(roots).first(2)), std::exception,
                         message_has({"broadcast_each", "4 values but 2 roots"}));
-  // One rank's value of another size: a mismatch on every rank, naming the value.
+  // Overlapping values would race inside MPI: named, an error on every rank.
+  const std::vector<cohort::tensor_view> overlapping{
+      cohort::tensor_view{a.data(), 10, dtype::float32, cohort::memory_location::host},
+      cohort::tensor_view{a.data() + 5, 10, dtype::float32, cohort::memory_location::host}};
+  BOOST_CHECK_EXCEPTION(comm.broadcast_each(overlapping, std::vector<int>{0, n - 1}),
+                        std::exception, message_has({"values 0 and 1 overlap in memory"}));
+  // Nothing to copy: only the agreement.
+  comm.broadcast_each({}, {});
   if (n > 1) {
+    // One rank's value of another size, or dtype: a mismatch on every rank, naming the value.
     std::vector<float> longer(r == 0 ? 5 : 4);
     const std::vector<cohort::tensor_view> one{cohort::make_view(longer)};
     BOOST_CHECK_EXCEPTION(comm.broadcast_each(one, std::vector<int>{0}), cohort::mismatch_error,
-                          message_has({"broadcast_each", "value 0"}));
+                          message_has({"broadcast_each", "value 0", "5 float32", "4 float32"}));
+    std::vector<double> other_type(4);
+    const std::vector<cohort::tensor_view> typed{r == 0 ? cohort::make_view(other_type)
+                                                        : cohort::make_view(longer)};
+    BOOST_CHECK_EXCEPTION(comm.broadcast_each(typed, std::vector<int>{0}), cohort::mismatch_error,
+                          message_has({"broadcast_each", "float64"}));
+    // One value more on the last rank: a mismatch, not a hang.
+    std::vector<cohort::tensor_view> more{cohort::make_view(b)};
+    std::vector<int> more_roots{0};
+    if (r == n - 1) {
+      more.push_back(cohort::make_view(c));
+      more_roots.push_back(0);
+    }
+    BOOST_CHECK_EXCEPTION(comm.broadcast_each(more, more_roots), cohort::mismatch_error,
+                          message_has({"broadcast_each", "values"}));
   }
   // Still working after the errors.
   std::vector<float> ok(2, static_cast<float>(r));

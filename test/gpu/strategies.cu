@@ -349,6 +349,22 @@ void check_blocks_of_any_size() {
                           [](const cohort::mismatch_error& e) {
                             return std::string(e.what()).find("the counts") != std::string::npos;
                           });
+    BOOST_CHECK_EXCEPTION(comm.reduce_scatter(whole_view, block_view, counts),
+                          cohort::mismatch_error, [](const cohort::mismatch_error& e) {
+                            return std::string(e.what()).find("the counts") != std::string::npos;
+                          });
+    // The same counts, another op on one rank.
+    std::vector<std::size_t> even(static_cast<std::size_t>(n), 2);
+    device_array<float> two{std::vector<float>(2)};
+    device_array<float> all{std::vector<float>(2 * static_cast<std::size_t>(n))};
+    auto two_view = two.span();
+    auto all_view = all.span();
+    BOOST_CHECK_EXCEPTION(
+        comm.reduce_scatter(all_view, two_view, even,
+                            comm.rank() == 0 ? cohort::reduce_op::max : cohort::reduce_op::sum),
+        cohort::mismatch_error, [](const cohort::mismatch_error& e) {
+          return std::string(e.what()).find("op") != std::string::npos;
+        });
   }
   // A block of another size than this rank's count: named on this rank, an error on every rank.
   std::vector<std::size_t> counts(static_cast<std::size_t>(n), 2);

@@ -12,7 +12,6 @@
 #include <cohort/communicator/options.hpp>
 #include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
-#include <cohort/detail/fingerprint.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
@@ -146,49 +145,9 @@ public:
   //! Copies each of `values` from its own root, `roots[i]`, every copy in flight at once: what a
   //! `broadcast` of each in turn does, but with several roots every link carries data both ways
   //! (a sharded optimizer's parameters, each from its owner). The ranks agree on every value's
-  //! count, dtype and root in one rendezvous first (a rendezvous between the copies would wait
-  //! behind them on the links); then the copies are waited for, watched. Collective.
-  void broadcast_each(std::span<const tensor_view> values, std::span<const int> roots) {
-    detail::operation_scope scope("broadcast_each");
-    std::size_t bytes = 0;
-    detail::fingerprint f;
-    f.add(values.size());
-    const std::string problem = engine::local_checks([&] {
-      if (values.size() != roots.size()) {
-        throw invalid_argument("cohort: broadcast_each on rank " + std::to_string(rank()) + ": " +
-                               std::to_string(values.size()) + " values but " +
-                               std::to_string(roots.size()) + " roots");
-      }
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        checks_.require_location(values[i].location, false, "broadcast_each");
-        checks_.check_root(roots[i], "broadcast_each");
-        f.add(values[i].count).add(static_cast<std::uint64_t>(values[i].type));
-        f.add(static_cast<std::uint64_t>(roots[i]));
-        bytes += values[i].size_bytes();
-      }
-    });
-    checks_.settle(
-        "broadcast_each", f.value(),
-        [&] {
-          std::vector<engine::signature_entry> described;
-          for (std::size_t i = 0; i < values.size() && i < roots.size(); ++i) {
-            described.push_back({"value " + std::to_string(i),
-                                 engine::describe_tensor(values[i].count, values[i].type) +
-                                     " from rank " + std::to_string(roots[i])});
-          }
-          return described;
-        },
-        problem, bytes);
-    std::vector<mpi::request> copies;
-    copies.reserve(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      copies.push_back(mpi::ibroadcast(comm_, values[i], roots[i]));
-    }
-    const auto watch = checks_.watch_transfer("broadcast_each", bytes);
-    for (mpi::request& copy : copies) {
-      copy.wait();
-    }
-  }
+  //! count, dtype and root in one rendezvous first: a rendezvous between the copies would wait
+  //! behind them on the links. Host memory; the values must not overlap. Collective.
+  void broadcast_each(std::span<const tensor_view> values, std::span<const int> roots);
 
   //! Gathers every rank's `in` into `out` (size() * in's size elements, rank r's at r * n).
   template <tensor In, writable_tensor Out>

@@ -113,12 +113,16 @@ shard_plan plan_parameter_shards(Communicator& comm, const parameter_source& sou
 //! At stage 2 a backward onto reduced gradients (a second backward before the step, without
 //! `no_sync()`) is an error on every rank: only the owner's copy of a gradient is reduced.
 //!
-//! Host strategies only (flat, hierarchical, ...): the GPU strategies' reduce-scatter and
-//! all-gather are not there yet. Not with a gradient hook (powersgd): a compressed gradient is
-//! all-reduced whole.
+//! Host strategies only (flat, hierarchical, ...): the NCCL strategies gather and reduce-scatter
+//! blocks of any size in device memory, but this optimizer's buckets are packed on the host. Not
+//! with a gradient hook (powersgd): a compressed gradient is all-reduced whole.
 template <optimizer Optimizer, class Communicator, reducer Reducer = mean>
 requires communicator<std::remove_cvref_t<Communicator>>
 class sharded_optimizer {
+  static_assert(
+      !requires { requires std::remove_cvref_t<Communicator>::reduces_gpu_memory; },
+      "cohort: sharded_optimizer packs its buckets in host memory, over host strategies "
+      "(flat, hierarchical, ...); not over a GPU strategy");
   static_assert(!gradient_hook<Reducer>,
                 "cohort: sharded_optimizer reduces plain gradients (mean, sum, compressed); a "
                 "gradient hook (powersgd) all-reduces what it computes, and is not sharded");

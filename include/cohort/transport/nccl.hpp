@@ -391,7 +391,7 @@ inline void reduce_scatter(communicator& comm, const void* send, void* recv, std
 //! Every rank's block into `recv`, blocks of any size: rank r's `send` holds counts[r] elements
 //! and lands at offsets[r] of `recv`. NCCL has no all-gather of uneven blocks: one broadcast from
 //! each rank, in one group (ncclAllGather where the blocks are even). Every rank passes the same
-//! counts; a block of 0 elements is no call.
+//! counts (agreed before: so every rank skips the same blocks of 0 elements).
 inline void allgather_blocks(communicator& comm, const void* send, void* recv,
                              std::span<const std::size_t> counts,
                              std::span<const std::size_t> offsets, dtype type,

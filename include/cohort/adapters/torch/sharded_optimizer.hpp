@@ -59,8 +59,8 @@ requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
 class sharded_optimizer : public distributed_optimizer<Optimizer, Communicator, Reducer> {
   using base = distributed_optimizer<Optimizer, Communicator, Reducer>;
   static_assert(!detail::may_reduce_device_memory<Communicator>(),
-                "cohort::torch::sharded_optimizer reduce-scatters and gathers over host "
-                "strategies (flat, hierarchical, ...); the GPU strategies' are to come");
+                "cohort::torch::sharded_optimizer packs its buckets in host memory, over host "
+                "strategies (flat, hierarchical, ...); not over a GPU strategy");
   static_assert(!gradient_hook<Reducer>,
                 "cohort::torch::sharded_optimizer reduces plain gradients (mean, sum, "
                 "compressed); a gradient hook (powersgd) all-reduces what it computes");

@@ -5,6 +5,14 @@
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
 #include <cohort/communicator/communicator_base.hpp>
+#include <cohort/detail/fingerprint.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -28,6 +36,70 @@ COHORT_DECL void communicator_base::connect(const boost::mpi::communicator& comm
   grad_world_ = checked_duplicate(comm_);
   grad_intra_ = checked_duplicate(layout_.intra);
   grad_inter_ = checked_duplicate(layout_.inter);
+}
+
+COHORT_DECL void communicator_base::broadcast_each(std::span<const tensor_view> values,
+                                                   std::span<const int> roots) {
+  constexpr const char* operation = "broadcast_each";
+  detail::operation_scope scope(operation);
+  const std::string where = "cohort: broadcast_each on rank " + std::to_string(rank()) + ": ";
+  std::size_t bytes = 0;
+  detail::fingerprint f;
+  f.add(operation).add(values.size());
+  const std::string problem = engine::local_checks([&] {
+    if (values.size() != roots.size()) {
+      throw invalid_argument(where + std::to_string(values.size()) + " values but " +
+                             std::to_string(roots.size()) + " roots");
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      checks_.require_location(values[i].location, false, operation);
+      checks_.check_root(roots[i], operation);
+      f.add(values[i].count).add(static_cast<std::uint64_t>(values[i].type));
+      f.add(static_cast<std::uint64_t>(roots[i]));
+      bytes += values[i].size_bytes();
+    }
+    // Two copies into one byte from different roots would race inside MPI.
+    std::vector<std::size_t> by_address(values.size());
+    std::iota(by_address.begin(), by_address.end(), std::size_t{0});
+    const auto begin = [&](std::size_t i) { return static_cast<const std::byte*>(values[i].data); };
+    std::sort(by_address.begin(), by_address.end(),
+              [&](std::size_t a, std::size_t b) { return std::less<>()(begin(a), begin(b)); });
+    for (std::size_t k = 1; k < by_address.size(); ++k) {
+      const std::size_t a = by_address[k - 1];
+      const std::size_t b = by_address[k];
+      if (values[a].size_bytes() != 0 && values[b].size_bytes() != 0 &&
+          std::less<>()(begin(b), begin(a) + values[a].size_bytes())) {
+        throw invalid_argument(where + "values " + std::to_string(std::min(a, b)) + " and " +
+                               std::to_string(std::max(a, b)) + " overlap in memory");
+      }
+    }
+  });
+  checks_.settle(
+      operation, f.value(),
+      [&] {
+        std::vector<engine::signature_entry> described;
+        described.push_back({"values", std::to_string(values.size())});
+        for (std::size_t i = 0; i < values.size() && i < roots.size(); ++i) {
+          described.push_back({"value " + std::to_string(i),
+                               engine::describe_tensor(values[i].count, values[i].type) +
+                                   " from rank " + std::to_string(roots[i])});
+        }
+        return described;
+      },
+      problem, bytes);
+  const auto watch = checks_.watch_transfer(operation, bytes);
+  // Once the ranks agreed, a copy this rank fails to start or finish leaves the others in theirs:
+  // the job ends instead of hanging.
+  checks_.fatal_on_failure(operation, [&] {
+    std::vector<mpi::request> copies;
+    copies.reserve(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      copies.push_back(mpi::ibroadcast(comm_, values[i], roots[i]));
+    }
+    for (mpi::request& copy : copies) {
+      copy.wait();
+    }
+  });
 }
 
 COHORT_DECL MPI_Comm communicator_base::split_comm(int color, int key) const {

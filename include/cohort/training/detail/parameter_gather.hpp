@@ -3,9 +3,11 @@
 
 // How a sharded optimizer's updated parameters reach every rank: each rank steps the parameters
 // it owns, then one all-gather per bucket (parameters of one dtype, grouped by owner so that
-// each rank's are one block) hands everyone the rest; a parameter larger than a bucket is
-// broadcast from its owner, in place. Buckets bound the buffers to the communicator's bucket
-// size, not the model's: the point of sharding is memory.
+// each rank's are one block) hands everyone the rest; a parameter alone in its bucket (a large
+// one) is broadcast from its owner, in place, all such broadcasts in flight at once
+// (`broadcast_each`: in turn, they would keep one direction of a link busy at a time). Buckets
+// bound the buffers to the communicator's bucket size, not the model's: the point of sharding
+// is memory.
 
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
@@ -70,8 +72,9 @@ public:
     out_.assign(out_bytes, std::byte{0});
   }
 
-  //! Gathers every parameter from its owner (collective over `comm`, one agreed all-gather per
-  //! bucket, or broadcast for a bucket of one). `values` are the parameters as they are now: a
+  //! Gathers every parameter from its owner (collective over `comm`: one agreed all-gather per
+  //! bucket, then one `broadcast_each` of the buckets of one, or a broadcast of each where the
+  //! communicator has no `broadcast_each`). `values` are the parameters as they are now: a
   //! value whose size or dtype changed since `build` throws `invalid_argument` naming it and both
   //! sizes, before anything is sent (every rank alike: the step's gradient agreement compared the
   //! sizes first).
@@ -187,7 +190,9 @@ private:
   }
 
   int rank_ = 0;
-  std::vector<tensor_view> alone_; // (the parameters broadcast alone, and their owners, in run)
+  // The parameters broadcast alone at a run, and their owners: members, so that a step
+  // allocates nothing once the first has sized them.
+  std::vector<tensor_view> alone_;
   std::vector<int> owners_;
   std::size_t ranks_ = 1;
   std::vector<bucket> buckets_;

@@ -338,7 +338,9 @@ checks::check_counted_blocks(const_tensor_view block, const_tensor_view whole,
   for (const std::size_t count : counts) {
     offsets.push_back(total);
     if (count > std::numeric_limits<std::size_t>::max() - total) {
-      throw invalid_argument(where + "the counts add up to more than a size_t holds");
+      throw invalid_argument(where + "the counts add up to more than a size_t holds (" +
+                             std::to_string(total) + " before a count of " + std::to_string(count) +
+                             ")");
     }
     total += count;
   }
