@@ -23,12 +23,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <exception>
-#include <functional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -386,55 +383,6 @@ inline void reduce_scatter(communicator& comm, const void* send, void* recv, std
   comm.complete(
       ncclReduceScatter(send, recv, count, datatype(type), op(operation), comm.get(), stream),
       "ncclReduceScatter");
-}
-
-//! Every rank's block into `recv`, blocks of any size: rank r's `send` holds counts[r] elements
-//! and lands at offsets[r] of `recv`. NCCL has no all-gather of uneven blocks: one broadcast from
-//! each rank, in one group (ncclAllGather where the blocks are even). Every rank passes the same
-//! counts (agreed before: so every rank skips the same blocks of 0 elements).
-inline void allgather_blocks(communicator& comm, const void* send, void* recv,
-                             std::span<const std::size_t> counts,
-                             std::span<const std::size_t> offsets, dtype type,
-                             cudaStream_t stream) {
-  if (std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end()) {
-    return counts.empty() ? void() : allgather(comm, send, recv, counts.front(), type, stream);
-  }
-  const std::size_t width = size_of(type);
-  group_guard group;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    if (counts[r] != 0) {
-      comm.complete(ncclBroadcast(send, static_cast<std::byte*>(recv) + offsets[r] * width,
-                                  counts[r], datatype(type), static_cast<int>(r), comm.get(),
-                                  stream),
-                    "ncclBroadcast");
-    }
-  }
-  group.end(comm);
-}
-
-//! Block r of the reduction of every rank's `send` (the sum of `counts`, rank r's block at
-//! offsets[r]) into rank r's `recv` (counts[r] elements), blocks of any size: one reduce to each
-//! rank, in one group (ncclReduceScatter where the blocks are even).
-inline void reduce_scatter_blocks(communicator& comm, const void* send, void* recv,
-                                  std::span<const std::size_t> counts,
-                                  std::span<const std::size_t> offsets, dtype type,
-                                  reduce_op operation, cudaStream_t stream) {
-  if (std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end()) {
-    return counts.empty()
-               ? void()
-               : reduce_scatter(comm, send, recv, counts.front(), type, operation, stream);
-  }
-  const std::size_t width = size_of(type);
-  group_guard group;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    if (counts[r] != 0) {
-      comm.complete(ncclReduce(static_cast<const std::byte*>(send) + offsets[r] * width, recv,
-                               counts[r], datatype(type), op(operation), static_cast<int>(r),
-                               comm.get(), stream),
-                    "ncclReduce");
-    }
-  }
-  group.end(comm);
 }
 
 //! The reduction of every rank's `send` into `root`'s `recv`.

@@ -28,6 +28,7 @@
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/transport/cuda.hpp>
 #include <cohort/transport/nccl.hpp>
+#include <cohort/transport/nccl_blocks.hpp>
 
 #include <boost/mpi/communicator.hpp>
 #include <cuda_runtime_api.h>

@@ -42,13 +42,15 @@ COHORT_DECL void communicator_base::broadcast_each(std::span<const tensor_view> 
                                                    std::span<const int> roots) {
   constexpr const char* operation = "broadcast_each";
   detail::operation_scope scope(operation);
-  const std::string where = "cohort: broadcast_each on rank " + std::to_string(rank()) + ": ";
+  const auto where = [&] {
+    return "cohort: broadcast_each on rank " + std::to_string(rank()) + ": ";
+  };
   std::size_t bytes = 0;
   detail::fingerprint f;
   f.add(operation).add(values.size());
   const std::string problem = engine::local_checks([&] {
     if (values.size() != roots.size()) {
-      throw invalid_argument(where + std::to_string(values.size()) + " values but " +
+      throw invalid_argument(where() + std::to_string(values.size()) + " values but " +
                              std::to_string(roots.size()) + " roots");
     }
     for (std::size_t i = 0; i < values.size(); ++i) {
@@ -69,7 +71,7 @@ COHORT_DECL void communicator_base::broadcast_each(std::span<const tensor_view> 
       const std::size_t b = by_address[k];
       if (values[a].size_bytes() != 0 && values[b].size_bytes() != 0 &&
           std::less<>()(begin(b), begin(a) + values[a].size_bytes())) {
-        throw invalid_argument(where + "values " + std::to_string(std::min(a, b)) + " and " +
+        throw invalid_argument(where() + "values " + std::to_string(std::min(a, b)) + " and " +
                                std::to_string(std::max(a, b)) + " overlap in memory");
       }
     }

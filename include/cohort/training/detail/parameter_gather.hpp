@@ -82,6 +82,9 @@ public:
   void run(Communicator& comm, std::span<const tensor_view> values,
            std::span<const std::string> names) {
     require_layout(values, names);
+    constexpr bool at_once = requires {
+      comm.broadcast_each(alone_, owners_);
+    };
     alone_.clear();
     owners_.clear();
     for (const bucket& b : buckets_) {
@@ -89,7 +92,7 @@ public:
       if (b.member_count == 1) {
         // A parameter alone (a large one): broadcast in place from its owner, no copy; all of
         // them at once, below, where the communicator can.
-        if constexpr (requires { comm.broadcast_each(alone_, owners_); }) {
+        if constexpr (at_once) {
           alone_.push_back(values[members.front()]);
           owners_.push_back(b.owner);
         } else {
@@ -117,8 +120,8 @@ public:
         out += value.count * width;
       }
     }
-    if (!alone_.empty()) {
-      if constexpr (requires { comm.broadcast_each(alone_, owners_); }) {
+    if constexpr (at_once) {
+      if (!alone_.empty()) {
         comm.broadcast_each(alone_, owners_);
       }
     }
