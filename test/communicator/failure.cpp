@@ -8,7 +8,7 @@
 //
 // MODE: stalled, stalled_in_transfer, throw_and_return, throw_and_return_overlapped,
 //       stalled_without_agreement, exchange_fails_on_cohorts_thread, uncaught_exception,
-//       healthy
+//       stalled_in_reduces_to_owners[_without_agreement], healthy (and the others below)
 #include <cohort/cohort.hpp>
 
 #include <boost/mpi/environment.hpp>
@@ -127,7 +127,8 @@ int run(std::string_view mode, int argc, char** argv) {
                                       mode == "late_in_transfer" ||
                                       mode == "stalled_from_environment";
   const cohort::communicator_options options{
-      .check_agreement = mode != "stalled_without_agreement" && mode != "late_without_agreement",
+      .check_agreement = mode != "stalled_without_agreement" && mode != "late_without_agreement" &&
+                         mode != "stalled_in_reduces_to_owners_without_agreement",
       .bucket_bytes = 256,
       .first_bucket_bytes = 64,
       .timeout = waits_from_environment
@@ -148,6 +149,36 @@ int run(std::string_view mode, int argc, char** argv) {
       opt.step();
     }
     say(world_rank, "trained without noticing the failure");
+    return 0;
+  }
+
+  if (mode == "stalled_in_reduces_to_owners" ||
+      mode == "stalled_in_reduces_to_owners_without_agreement") {
+    // Stage 2's reduction: four gradients of 1 MiB, each alone in its bucket and owned by one
+    // rank in turn, so that their reduces to their owners are in flight together; the last rank
+    // stops itself while they are, most likely, on their way.
+    auto comm = cohort::make_communicator<cohort::flat>(options);
+    large_model m{std::allocator<float>()};
+    std::vector<int> owners;
+    for (std::size_t t = 0; t < m.params.size(); ++t) {
+      owners.push_back(static_cast<int>(t) % comm.size());
+    }
+    cohort::grad_sync_options sharded;
+    sharded.owners = owners;
+    for (int step = 0; step < 200; ++step) {
+      if (odd_one && step == at) {
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::raise(SIGSTOP);
+        }).detach();
+      }
+      auto request = comm.begin_allreduce_grad(m.params, cohort::mean{}, sharded);
+      for (std::size_t t = m.params.size(); t-- > 0;) {
+        request.ready(t);
+      }
+      request.wait();
+    }
+    say(world_rank, "trained without noticing");
     return 0;
   }
 

@@ -322,6 +322,115 @@ BOOST_AUTO_TEST_CASE(reduce_scattered_gradients_equal_the_all_reduced_ones) {
       message_has({"parameter 'f2' is owned by rank " + std::to_string(comm.size())}));
 }
 
+BOOST_AUTO_TEST_CASE(reduces_to_single_owners_in_flight_together) {
+  // Seven gradients each alone in its bucket (in place), owned by one rank after another: the
+  // reduces to their owners are in flight several at once. Each owner's gradient holds the mean,
+  // the others' stay this rank's own, blocking and overlapped; a problem found mid-step is an
+  // error on every rank, with the reduces already started completed, and the next step is right;
+  // an abandoned step sends nothing it had not marked.
+  auto comm = cohort::make_communicator<cohort::flat>(
+      cohort::communicator_options{.bucket_bytes = 1024, .first_bucket_bytes = 256});
+  const int rank = comm.rank();
+  const int n = comm.size();
+  constexpr std::size_t count = 7;
+  std::vector<std::vector<float>> values(count), grads(count);
+  std::vector<param> params;
+  std::vector<int> owners;
+  for (std::size_t p = 0; p < count; ++p) {
+    values[p].resize(300 + 10 * p); // at least 1200 bytes: past the bucket, reduced in place
+    params.push_back({"g" + std::to_string(p), &values[p], &grads[p]});
+    owners.push_back(static_cast<int>(p) % n);
+  }
+  const auto term = [](std::size_t p, std::size_t i, int step) {
+    return static_cast<float>(i % 5 + p + static_cast<std::size_t>(step));
+  };
+  const auto fill = [&](int step) {
+    for (std::size_t p = 0; p < count; ++p) {
+      grads[p].resize(values[p].size());
+      for (std::size_t i = 0; i < grads[p].size(); ++i) {
+        grads[p][i] = static_cast<float>(rank + 1) * term(p, i, step);
+      }
+    }
+    return grads;
+  };
+  // The mean of (r + 1) * term over the ranks is (n + 1) / 2 * term.
+  const auto check = [&](int step, const std::vector<std::vector<float>>& local) {
+    for (std::size_t p = 0; p < count; ++p) {
+      BOOST_TEST_CONTEXT("step " << step << ", gradient " << p << " of rank " << owners[p]) {
+        for (std::size_t i = 0; i < grads[p].size(); ++i) {
+          const float expected =
+              owners[p] == rank ? static_cast<float>(n + 1) / 2.0f * term(p, i, step) : local[p][i];
+          BOOST_TEST_REQUIRE(grads[p][i] == expected, boost::test_tools::tolerance(1e-6f));
+        }
+      }
+    }
+  };
+  cohort::grad_sync_options options;
+  options.owners = owners;
+  (void)comm.take_grad_sync_stats();
+  int step = 0;
+  for (const bool overlapped : {false, true}) {
+    for (int repeat = 0; repeat < 3; ++repeat, ++step) {
+      const auto local = fill(step);
+      if (overlapped) {
+        auto request = comm.begin_allreduce_grad(params, cohort::mean{}, options);
+        for (std::size_t p = count; p-- > 0;) {
+          request.ready(p);
+        }
+        request.wait();
+      } else {
+        comm.allreduce_grad(params, cohort::mean{}, options);
+      }
+      check(step, local);
+    }
+  }
+  // Every gradient went on the wire once a step, each in a bucket of its own.
+  const cohort::grad_sync_stats stats = comm.take_grad_sync_stats();
+  std::uint64_t bytes = 0;
+  for (const auto& v : values) {
+    bytes += v.size() * sizeof(float);
+  }
+  BOOST_TEST(stats.wire_bytes == 6 * bytes);
+  BOOST_TEST(stats.buckets == 6 * count);
+
+  // The last rank marks a gradient twice halfway through: the next bucket's agreement fails on
+  // every rank, after the buckets before it started their reduces.
+  fill(step);
+  {
+    auto request = comm.begin_allreduce_grad(params, cohort::mean{}, options);
+    for (std::size_t p = count; p-- > 0;) {
+      request.ready(p);
+      if (p == 4 && rank == n - 1) {
+        request.ready(p);
+      }
+    }
+    BOOST_CHECK_EXCEPTION(request.wait(), cohort::error,
+                          message_has({"'g4'", "marked ready twice"}));
+  }
+  ++step;
+  auto local = fill(step);
+  comm.allreduce_grad(params, cohort::mean{}, options);
+  check(step++, local);
+
+  // Abandoned after two gradients: those two are reduced, the others never leave.
+  local = fill(step);
+  try {
+    auto request = comm.begin_allreduce_grad(params, cohort::mean{}, options);
+    request.ready(6);
+    request.ready(5);
+    throw std::runtime_error("backward failed");
+  } catch (const std::runtime_error&) {
+  }
+  BOOST_TEST(!comm.grad_sync_pending());
+  for (std::size_t p = 0; p < 5; ++p) {
+    BOOST_TEST_REQUIRE(grads[p] == local[p], boost::test_tools::per_element());
+  }
+  ++step;
+  local = fill(step);
+  comm.allreduce_grad(params, cohort::mean{}, options);
+  check(step, local);
+}
+
 BOOST_AUTO_TEST_CASE(a_rank_owning_nothing_and_the_dummy_strategy) {
   // Two parameters over up to 4 ranks: ranks 2 and 3 own nothing, step nothing, and still
   // receive every update. Over dummy (nothing summed) the gather still makes the replicas one.

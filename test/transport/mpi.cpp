@@ -88,6 +88,32 @@ BOOST_AUTO_TEST_CASE(non_blocking_allreduce_and_request) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(non_blocking_reduces_to_several_roots_in_flight_together) {
+  // One reduce to each rank, all started before any is waited for: each root holds the sum, the
+  // others' data is left as it was.
+  const auto comm = world();
+  const int n = comm.size();
+  std::vector<std::vector<double>> data;
+  for (int root = 0; root < n; ++root) {
+    data.push_back(cohort::test::filled<double>(100 + static_cast<std::size_t>(root), comm.rank()));
+  }
+  std::vector<mpi::request> pending;
+  for (int root = 0; root < n; ++root) {
+    pending.push_back(mpi::ireduce(comm, cohort::make_view(data[static_cast<std::size_t>(root)]),
+                                   cohort::reduce_op::sum, root));
+  }
+  for (auto& r : pending) {
+    r.wait();
+  }
+  const auto mine = cohort::test::filled<double>(100 + static_cast<std::size_t>(n), comm.rank());
+  for (int root = 0; root < n; ++root) {
+    const auto& d = data[static_cast<std::size_t>(root)];
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      BOOST_TEST_REQUIRE(d[i] == (root == comm.rank() ? closed_form_sum(i, n) : mine[i]));
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(broadcast_gather_scatter_and_point_to_point) {
   const auto comm = world();
   const int n = comm.size();
@@ -167,6 +193,13 @@ BOOST_AUTO_TEST_CASE(tensors_beyond_the_mpi_count_limit_go_in_chunks) {
   for (std::size_t i = 0; i < 50; ++i) {
     BOOST_TEST_REQUIRE(data[i] == closed_form_sum(i, comm.size()));
     BOOST_TEST_REQUIRE(again[i] == closed_form_sum(i, comm.size()));
+  }
+  auto reduced = cohort::test::filled<double>(50, comm.rank());
+  mpi::ireduce(comm, cohort::make_view(reduced), cohort::reduce_op::sum, 0).wait();
+  if (comm.rank() == 0) {
+    for (std::size_t i = 0; i < 50; ++i) {
+      BOOST_TEST_REQUIRE(reduced[i] == closed_form_sum(i, comm.size()));
+    }
   }
   std::vector<std::int32_t> from_last(50, comm.rank());
   mpi::broadcast(comm, cohort::make_view(from_last), comm.size() - 1);

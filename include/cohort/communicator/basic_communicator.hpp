@@ -429,6 +429,12 @@ private:
     mpi::reduce_scatter_in_place(grad_comm(), bucket, blocks, op);
   }
 
+  // The same for a bucket of `root`'s gradients alone, started and not waited for (the engine
+  // keeps a few in flight: strategy_ref::start_reduce).
+  mpi::request start_reduce_to(tensor_view bucket, int root, reduce_op op) {
+    return mpi::ireduce(grad_comm(), bucket, op, root);
+  }
+
   Strategy& self() noexcept { return static_cast<Strategy&>(*this); }
 
   engine::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }

@@ -74,10 +74,13 @@ public:
                                 reduce_op op) {
           static_cast<Strategy*>(p)->exchange_scatter(bucket, blocks, op);
         };
-      } else { // (basic_communicator's: MPI_Reduce_scatter over every rank)
+      } else { // (basic_communicator's: MPI_Reduce_scatter, or MPI_Ireduce, over every rank)
         s.exchange_scatter = [](void* p, tensor_view bucket, std::span<const int> blocks,
                                 reduce_op op) {
           static_cast<Strategy*>(p)->reduce_scatter_bucket(bucket, blocks, op);
+        };
+        s.start_reduce = [](void* p, tensor_view bucket, int root, reduce_op op) {
+          return static_cast<Strategy*>(p)->start_reduce_to(bucket, root, op);
         };
       }
       if constexpr (requires { requires Strategy::exchange_is_allreduce; }) {

@@ -224,6 +224,23 @@ inline void reduce(MPI_Comm comm, tensor_view data, reduce_op operation, int roo
       segment_bytes);
 }
 
+//! Non-blocking `reduce`: the whole of `data` at once (in chunks of at most INT_MAX elements).
+//! Several in flight to different roots share the links that one reduce after another leaves
+//! idle (bench/results/multihost-sharding-*.txt).
+inline request ireduce(MPI_Comm comm, tensor_view data, reduce_op operation, int root) {
+  request pending(comm, "MPI_Ireduce");
+  const MPI_Datatype type = datatype(data.type);
+  const MPI_Op reduction = op(operation, data.type);
+  const bool at_root = rank_of(comm) == root;
+  detail::for_each_chunk(data.count, size_of(data.type), [&](std::size_t offset, int n) {
+    void* buffer = detail::bytes(data.data, offset);
+    check(MPI_Ireduce(at_root ? MPI_IN_PLACE : buffer, at_root ? buffer : nullptr, n, type,
+                      reduction, root, comm, pending.add()),
+          "MPI_Ireduce", comm);
+  });
+  return pending;
+}
+
 namespace detail {
 // One MPI call's count is an int: more is an error naming the call, the rank and the count.
 inline int single_call_count(MPI_Comm comm, std::size_t count, const char* call) {

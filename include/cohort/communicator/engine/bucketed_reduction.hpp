@@ -12,6 +12,7 @@
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -40,6 +42,7 @@ public:
       : limits_(limits)
       , host_buffers_(host_buffers) {
     entries_.reserve(max_layouts);
+    in_flight_.reserve(max_in_flight);
     limits_.first_bucket_bytes = std::min(limits_.first_bucket_bytes, limits_.bucket_bytes);
   }
 
@@ -105,7 +108,10 @@ public:
   //! Reduces bucket `b` of the current plan with `packer` (where the gradients live): a gradient
   //! alone in an in-place bucket is scaled, exchanged and scaled back where it lies; the others
   //! are packed into `buffer` (cast to the wire dtype, pre-scaled), exchanged, and unpacked
-  //! (post-scaled).
+  //! (post-scaled). A gradient alone that one rank owns (a scattered reduction), with an exchange
+  //! that can `start` a reduce to it, is left in flight: at most `max_in_flight` are, the oldest
+  //! completed as the next one starts; `complete_in_flight` completes the rest, and must before
+  //! the step's gradients are read.
   template <class Packer, class Exchange>
   void reduce_bucket_with(const Packer& packer, void* buffer, std::size_t b,
                           std::span<const grad_slot> slots, Exchange&& exchange) {
@@ -125,6 +131,14 @@ public:
       packer.scale(grad, k.plan.pre_scale);
       if (!k.scattered) {
         exchange(grad, k.plan.op);
+      } else if (const int owner = single_owner(plan.blocks(k)); owner >= 0 && starts(exchange)) {
+        // Started now; the one before, if any, completed while this one is on its way.
+        if constexpr (requires { exchange.start(grad, owner, k.plan.op); }) {
+          in_flight_.push_back({exchange.start(grad, owner, k.plan.op), grad, k.plan.post_scale,
+                                k.own_members != 0, b});
+          complete_in_flight(packer, exchange, max_in_flight - 1);
+        }
+        return;
       } else {
         scatter(grad);
         if (k.own_members == 0) {
@@ -147,6 +161,28 @@ public:
     packer.unpack(own, std::span<const tensor_view>(targets_).subspan(k.own_first, k.own_members),
                   k.plan.post_scale);
   }
+
+  //! Completes the reduces in flight, oldest first, until `keep` are left, waiting for each
+  //! through `exchange.wait` and post-scaling this rank's own with `packer`.
+  template <class Packer, class Exchange>
+  void complete_in_flight(const Packer& packer, Exchange&& exchange, std::size_t keep = 0) {
+    while (in_flight_.size() > keep) {
+      reduce_in_flight& oldest = in_flight_.front();
+      exchange.wait(oldest.request, oldest.bucket, oldest.grad.size_bytes());
+      if (oldest.own) {
+        packer.scale(oldest.grad, oldest.post_scale);
+      }
+      in_flight_.erase(in_flight_.begin());
+    }
+  }
+
+  //! Whether a reduce is still in flight (`complete_in_flight` waits for it).
+  bool reducing_in_flight() const noexcept { return !in_flight_.empty(); }
+
+  //! At most this many reduces to single owners are in flight at once: two keep both directions
+  //! of a link busy (bench/results/multihost-sharding-*.txt), and the older one progresses
+  //! inside MPI while the newer one starts.
+  static constexpr std::size_t max_in_flight = 2;
 
   //! Packs bucket `b` of the current plan (one that is not in place) into the shared buffer,
   //! cast to its wire dtype and pre-scaled: what its exchange is handed. The gradients are only
@@ -225,6 +261,34 @@ private:
 
   static void own_buffers_of(entry& e);
 
+  // The one rank whose block is not empty, or -1 (none, or several).
+  static int single_owner(std::span<const int> blocks) noexcept {
+    const auto owner = std::find_if(blocks.begin(), blocks.end(), [](int n) { return n != 0; });
+    if (owner == blocks.end() ||
+        std::any_of(owner + 1, blocks.end(), [](int n) { return n != 0; })) {
+      return -1;
+    }
+    return static_cast<int>(owner - blocks.begin());
+  }
+
+  template <class Exchange>
+  static bool starts(const Exchange& exchange) noexcept {
+    if constexpr (requires { exchange.starts(); }) {
+      return exchange.starts();
+    } else {
+      return false;
+    }
+  }
+
+  // A reduce to one owner, started and not yet waited for.
+  struct reduce_in_flight {
+    mpi::request request;
+    tensor_view grad;      // reduced in place, where it lies
+    double post_scale = 1; // for its owner, once reduced
+    bool own = false;      // this rank is its owner
+    std::size_t bucket = 0;
+  };
+
   bucket_limits limits_;
   bool host_buffers_ = true;
   std::vector<entry> entries_;
@@ -236,6 +300,7 @@ private:
   std::vector<bucket_order> pending_;
   std::vector<const_tensor_view> sources_;
   std::vector<tensor_view> targets_;
+  std::vector<reduce_in_flight> in_flight_; // oldest first; the capacity stays
 };
 
 } // namespace engine

@@ -214,6 +214,11 @@ private:
   // otherwise. One helper for the caller's thread and cohort's.
   void reduce_one(std::size_t b, trace_thread thread, bool own_buffer);
 
+  // The reduces to single owners that buckets left in flight, completed (bucketed_reduction).
+  // `_watched`: after a failed agreement, or for an abandoned step, outside a bucket's watch.
+  void complete_in_flight(trace_thread thread);
+  void complete_in_flight_watched(const checks& c);
+
   // The step's reduction completed on every rank: the hook counts it; the step's hook is let go.
   void hook_step_ended() noexcept;
 

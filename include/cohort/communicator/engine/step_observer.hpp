@@ -14,6 +14,7 @@
 #include <cohort/trace/recorder.hpp>
 #include <cohort/trace/span.hpp>
 #include <cohort/trace/ticks.hpp>
+#include <cohort/transport/mpi.hpp>
 
 #include <array>
 #include <chrono>
@@ -86,6 +87,21 @@ public:
                             static_cast<std::int64_t>(bucket));
       s.exchange_scatter(s.self, packed, blocks, op);
       self.stats_.wire_bytes += packed.size_bytes();
+    }
+    //! Whether the strategy can start a reduce to one owner (`start`), to `wait` for it later.
+    bool starts() const noexcept { return s.start_reduce != nullptr; }
+    mpi::request start(tensor_view grad, int owner, reduce_op op) const {
+      const trace_span span(self.trace_, "reduce (started)", thread, grad.size_bytes(),
+                            static_cast<std::int64_t>(bucket));
+      mpi::request started = s.start_reduce(s.self, grad, owner, op);
+      self.stats_.wire_bytes += grad.size_bytes();
+      return started;
+    }
+    //! Waits for bucket `started`'s reduce (of `bytes`), begun by `start`.
+    void wait(mpi::request& request, std::size_t started, std::size_t bytes) const {
+      const trace_span span(self.trace_, "reduce (completed)", thread, bytes,
+                            static_cast<std::int64_t>(started));
+      request.wait();
     }
   };
   traced_exchange exchange(const strategy_ref& s, trace_thread thread, std::size_t bucket) {

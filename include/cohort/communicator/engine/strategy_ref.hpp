@@ -10,6 +10,7 @@
 #include <cohort/reduce_op.hpp>
 #include <cohort/reducer/concepts.hpp>
 #include <cohort/tensor/tensor_view.hpp>
+#include <cohort/transport/mpi.hpp>
 
 #include <cstddef>
 #include <span>
@@ -29,6 +30,11 @@ struct strategy_ref {
   // A packed bucket reduce-scattered in place: rank r's block holds blocks[r] elements, after
   // the blocks of the ranks before it, and this rank's block, reduced, is left at the front.
   void (*exchange_scatter)(void*, tensor_view, std::span<const int>, reduce_op) = nullptr;
+  // A bucket of one rank's gradients (a large one alone, in place) reduced to that rank, started
+  // and not waited for: several such, each to its own owner, then share the links that one
+  // reduce after another leaves idle. Null where the strategy reduce-scatters in a way of its
+  // own (`exchange_scatter` then does these too).
+  mpi::request (*start_reduce)(void*, tensor_view, int root, reduce_op) = nullptr;
   void (*prepare)(void*, const bucket&) = nullptr;
   void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
   void (*prepare_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;

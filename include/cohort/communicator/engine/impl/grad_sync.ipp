@@ -39,6 +39,7 @@ COHORT_DECL void grad_sync::reduce_blocking(const checks& c, const strategy_ref&
     for (std::size_t b = 0; b < buckets; ++b) {
       reduce_one(b, trace_thread::trainer, /*own_buffer=*/false);
     }
+    complete_in_flight(trace_thread::trainer);
     observer_.buckets_reduced(buckets);
   });
   hook_step_ended();
@@ -208,24 +209,57 @@ COHORT_DECL bool grad_sync::complete() {
 COHORT_DECL void grad_sync::reduce_bucket(std::size_t b) {
   const checks& c = *checks_;
   const bucket& k = reduction_.plan().buckets()[b];
+  const bool last = b + 1 == reduction_.plan().buckets().size();
   const auto busy = observer_.bucket_taken(b, k.count * size_of(k.plan.wire));
   if (c.options().check_agreement) {
     std::string problem = problem_flag_.load(std::memory_order_acquire) ? problem_ : std::string();
     detail::fingerprint f;
     f.add(b).add(k.count).add(static_cast<std::uint64_t>(k.plan.wire));
-    c.settle_on(
-        waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
-        [&] { return reduction_.describe_bucket(b, slots_); }, k.count * size_of(k.plan.wire));
+    try {
+      c.settle_on(
+          waiter::reducer, "allreduce_grad (a bucket)", f.value(), problem,
+          [&] { return reduction_.describe_bucket(b, slots_); }, k.count * size_of(k.plan.wire));
+    } catch (...) {
+      // It failed alike on every rank, which all skip the rest of the step: each completes the
+      // reduces that the buckets before this one started everywhere.
+      complete_in_flight_watched(c);
+      throw;
+    }
   }
   if (b >= abandoned_from_.load()) {
+    if (last) {
+      complete_in_flight_watched(c);
+    }
     return;
   }
   const auto watch = c.watch_transfer("allreduce_grad (a bucket)", k.count * size_of(k.plan.wire),
                                       waiter::reducer);
   const auto start = std::chrono::steady_clock::now();
-  c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)",
-                     [&] { reduce_one(b, trace_thread::reducer, /*own_buffer=*/true); });
+  c.fatal_on_failure("allreduce_grad (a bucket on cohort's thread)", [&] {
+    reduce_one(b, trace_thread::reducer, /*own_buffer=*/true);
+    if (last) { // (the worker counts the step's buckets done: their gradients must be reduced)
+      complete_in_flight(trace_thread::reducer);
+    }
+  });
   observer_.bucket_reduced(std::chrono::steady_clock::now() - start);
+}
+
+COHORT_DECL void grad_sync::complete_in_flight(trace_thread thread) {
+  if (!reduction_.reducing_in_flight()) {
+    return;
+  }
+  const std::size_t last = reduction_.plan().buckets().size() - 1; // (where the trace shows it)
+  reduction_.complete_in_flight(observer_.packer(thread, static_cast<std::int64_t>(last)),
+                                observer_.exchange(strategy_, thread, last));
+}
+
+COHORT_DECL void grad_sync::complete_in_flight_watched(const checks& c) {
+  if (!reduction_.reducing_in_flight()) {
+    return;
+  }
+  const auto watch = c.watch_transfer("allreduce_grad (the reduces in flight)", 0, waiter::reducer);
+  c.fatal_on_failure("allreduce_grad (the reduces in flight on cohort's thread)",
+                     [&] { complete_in_flight(trace_thread::reducer); });
 }
 
 COHORT_DECL void grad_sync::reduce_one(std::size_t b, trace_thread thread, bool own_buffer) {
@@ -265,6 +299,7 @@ COHORT_DECL void grad_sync::reduce_one(std::size_t b, trace_thread thread, bool 
             x.b, std::span<const grad_slot>(x.self.slots_),
             x.self.observer_.exchange(x.self.strategy_, x.thread, x.b), x.own_buffer,
             x.self.observer_.packer(x.thread, static_cast<std::int64_t>(x.b)));
+        x.self.complete_in_flight(x.thread); // (the hook reads the reduced bucket next)
         x.exchanging += clock::now() - start;
       }};
   const hook_bucket view(hook_key_, b, checks_->rank(), checks_->size(),
