@@ -19,6 +19,9 @@
 #   sharding-HxK    issue 36 (2x1, 2x2): bench/sharding's MLP at 4 x Linear(1024, 1024) (4.2 M
 #                   parameters, 16 MiB) with Adam: cohort's distributed_optimizer beside its
 #                   sharded_optimizer at stages 1 and 2, the step time, rounds taking turns
+#   owners-HxK      with it, bench/reduce_to_owners: stage 2's collectives alone (4 tensors of
+#                   4 MiB reduced to their owners one at a time, two or all in flight; copied
+#                   back over every rank or by broadcast_each) beside all-reducing them
 #
 #   bench/multihost.sh [--build DIR] [--iters N] [--rounds N]
 #                      [--only allreduce|grad_sync|torch_mlp|powersgd|sharding]
@@ -162,6 +165,11 @@ if [ "$only" = sharding ]; then
         printf '%-40s %12.2f %10.3f\n' "$label" "$ms" "$(awk -v a="$ms" -v b="$unsharded" 'BEGIN {print a / b}')"
       done
     } | tee "$out"
+    # Its two collectives alone: reduces to the owners and copies from them, beside all-reduces.
+    {
+      echo "# bench/multihost.sh: $hosts hosts x $per_host ranks, links $rate"
+      "$cluster" run "$per_host" "$build/bench/bench_reduce_to_owners" --mib 4 --tensors 4 --reps 7
+    } | tee "$results/multihost-owners-$shape.txt"
   done
 fi
 

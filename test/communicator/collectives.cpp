@@ -308,6 +308,41 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_each_copies_every_value_from_its_root, S
   BOOST_TEST(ok[1] == float(n - 1));
 }
 
+BOOST_AUTO_TEST_CASE(broadcast_each_over_nodes_copies_across_then_inside_each) {
+  // Simulated nodes of 1, 2 and 3 ranks: at 4 ranks and 2 a node (nodes alike, several ranks
+  // each) the copies go across the nodes, then inside each; otherwise over every rank at once.
+  // Either way every value ends as its root's, roots on every node and of every intra_rank.
+  for (const int per_node : {1, 2, 3}) {
+    auto comm = cohort::make_communicator<cohort::flat>(
+        cohort::communicator_options{.simulated_ranks_per_node = per_node});
+    const int n = comm.size();
+    const int r = comm.rank();
+    std::vector<std::vector<float>> owned;
+    std::vector<int> roots;
+    for (int i = 0; i < 2 * n + 1; ++i) { // every rank a root twice, rank 0 three times
+      roots.push_back(i % n);
+      owned.emplace_back(100 + static_cast<std::size_t>(i), static_cast<float>(r * 1000 + i));
+    }
+    std::vector<cohort::tensor_view> values;
+    for (auto& v : owned) {
+      values.push_back(cohort::make_view(v));
+    }
+    comm.broadcast_each(values, roots);
+    for (std::size_t i = 0; i < owned.size(); ++i) { // again, from values as they began
+      std::fill(owned[i].begin(), owned[i].end(),
+                static_cast<float>(r * 1000 + static_cast<int>(i)));
+    }
+    comm.broadcast_each(values, roots);
+    for (std::size_t i = 0; i < owned.size(); ++i) {
+      const float expected = static_cast<float>(roots[i] * 1000 + static_cast<int>(i));
+      BOOST_TEST_CONTEXT(per_node << " ranks a node, value " << i << " from rank " << roots[i]) {
+        BOOST_TEST(
+            std::all_of(owned[i].begin(), owned[i].end(), [&](float x) { return x == expected; }));
+      }
+    }
+  }
+}
+
 // Gather and scatter, at every root: the whole exists on the root only.
 BOOST_AUTO_TEST_CASE_TEMPLATE(gather_and_scatter_at_every_root, Strategy, strategies) {
   auto comm = cohort::make_communicator<Strategy>();

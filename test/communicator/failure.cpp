@@ -8,7 +8,8 @@
 //
 // MODE: stalled, stalled_in_transfer, throw_and_return, throw_and_return_overlapped,
 //       stalled_without_agreement, exchange_fails_on_cohorts_thread, uncaught_exception,
-//       stalled_in_reduces_to_owners[_without_agreement], healthy (and the others below)
+//       stalled_in_reduces_to_owners[_without_agreement], stalled_in_copies_across_nodes,
+//       healthy (and the others below)
 #include <cohort/cohort.hpp>
 
 #include <boost/mpi/environment.hpp>
@@ -179,6 +180,31 @@ int run(std::string_view mode, int argc, char** argv) {
       request.wait();
     }
     say(world_rank, "trained without noticing");
+    return 0;
+  }
+
+  if (mode == "stalled_in_copies_across_nodes") {
+    // A sharded optimizer's gather: four parameters of 1 MiB, each from its owner, copied on
+    // nodes alike (COHORT_RANKS_PER_NODE=2) across the nodes, then inside each; the last rank
+    // stops itself while they are, most likely, on their way.
+    auto comm = cohort::make_communicator<cohort::flat>(options);
+    large_model m{std::allocator<float>()};
+    std::vector<cohort::tensor_view> values;
+    std::vector<int> roots;
+    for (std::size_t t = 0; t < m.values.size(); ++t) {
+      values.push_back(cohort::make_view(m.values[t]));
+      roots.push_back(static_cast<int>(t) % comm.size());
+    }
+    for (int step = 0; step < 200; ++step) {
+      if (odd_one && step == at) {
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::raise(SIGSTOP);
+        }).detach();
+      }
+      comm.broadcast_each(values, roots);
+    }
+    say(world_rank, "copied without noticing");
     return 0;
   }
 

@@ -12,9 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unistd.h>
 #include <vector>
 
 #include "support/expect.hpp"
@@ -322,14 +326,20 @@ BOOST_AUTO_TEST_CASE(reduce_scattered_gradients_equal_the_all_reduced_ones) {
       message_has({"parameter 'f2' is owned by rank " + std::to_string(comm.size())}));
 }
 
-BOOST_AUTO_TEST_CASE(reduces_to_single_owners_in_flight_together) {
-  // Seven gradients each alone in its bucket (in place), owned by one rank after another: the
-  // reduces to their owners are in flight several at once. Each owner's gradient holds the mean,
-  // the others' stay this rank's own, blocking and overlapped; a problem found mid-step is an
-  // error on every rank, with the reduces already started completed, and the next step is right;
-  // an abandoned step sends nothing it had not marked.
+namespace {
+
+// Seven gradients each alone in its bucket (in place), owned by one rank after another: across
+// nodes, the reduces to their owners are in flight several at once. Each owner's gradient holds
+// the mean, the others' stay this rank's own, blocking and overlapped; a problem found mid-step
+// is an error on every rank, with the reduces already started completed, and the next step is
+// right; an abandoned step sends nothing it had not marked. Returns whether the communicator
+// spans several nodes.
+bool reduce_to_single_owners(int ranks_per_node, const std::filesystem::path& trace_directory) {
   auto comm = cohort::make_communicator<cohort::flat>(
-      cohort::communicator_options{.bucket_bytes = 1024, .first_bucket_bytes = 256});
+      cohort::communicator_options{.simulated_ranks_per_node = ranks_per_node,
+                                   .bucket_bytes = 1024,
+                                   .first_bucket_bytes = 256,
+                                   .trace_directory = trace_directory.string()});
   const int rank = comm.rank();
   const int n = comm.size();
   constexpr std::size_t count = 7;
@@ -429,6 +439,31 @@ BOOST_AUTO_TEST_CASE(reduces_to_single_owners_in_flight_together) {
   local = fill(step);
   comm.allreduce_grad(params, cohort::mean{}, options);
   check(step, local);
+  return comm.inter_size() > 1;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(reduces_to_single_owners_in_flight_together) {
+  // On one node one reduce at a time (blocking, as Open MPI's is faster there); with every rank a
+  // node of its own, in flight: the trace says which.
+  for (const int ranks_per_node : {0, 1}) {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() /
+        ("cohort-test-owners-" + std::to_string(::getpid()) + "-" + std::to_string(ranks_per_node));
+    const bool across_nodes = reduce_to_single_owners(ranks_per_node, dir);
+    std::string trace;
+    for (const auto& file : std::filesystem::directory_iterator(dir)) {
+      std::ifstream in(file.path());
+      trace.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::filesystem::remove_all(dir);
+    BOOST_TEST_CONTEXT(ranks_per_node << " ranks a node") {
+      BOOST_TEST(!trace.empty());
+      BOOST_TEST((trace.find("reduce (started)") != std::string::npos) == across_nodes);
+      BOOST_TEST((trace.find("reduce (completed)") != std::string::npos) == across_nodes);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_rank_owning_nothing_and_the_dummy_strategy) {

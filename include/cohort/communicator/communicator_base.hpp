@@ -146,7 +146,9 @@ public:
   //! `broadcast` of each in turn does, but with several roots every link carries data both ways
   //! (a sharded optimizer's parameters, each from its owner). The ranks agree on every value's
   //! count, dtype and root in one rendezvous first: a rendezvous between the copies would wait
-  //! behind them on the links. Host memory; the values must not overlap. Collective.
+  //! behind them on the links. On nodes of several ranks each (as many on every node), a value
+  //! crosses to each other node once, then spreads inside it. Host memory; the values must not
+  //! overlap. Collective.
   void broadcast_each(std::span<const tensor_view> values, std::span<const int> roots);
 
   //! Gathers every rank's `in` into `out` (size() * in's size elements, rank r's at r * n).
@@ -412,12 +414,17 @@ private:
     return engine::agreed_blocks(checks_, in, out, operation, out_is_block, value, name, counts);
   }
 
+  // broadcast_each's copies on nodes alike, several ranks each: each value to the rank of its
+  // root's intra_rank on every node, then inside each node.
+  void broadcast_each_across_nodes(std::span<const tensor_view> values, std::span<const int> roots);
+
   engine::checks checks_; // first: made first (the rest is made under its rendezvous), gone last
   boost::mpi::communicator comm_;
   node_layout layout_;
   boost::mpi::communicator grad_world_;
   boost::mpi::communicator grad_intra_;
   boost::mpi::communicator grad_inter_;
+  std::vector<mpi::request> copies_; // broadcast_each's, reused: no allocation a step
 };
 
 } // namespace COHORT_ABI_NAMESPACE

@@ -79,9 +79,14 @@ public:
                                 reduce_op op) {
           static_cast<Strategy*>(p)->reduce_scatter_bucket(bucket, blocks, op);
         };
-        s.start_reduce = [](void* p, tensor_view bucket, int root, reduce_op op) {
-          return static_cast<Strategy*>(p)->start_reduce_to(bucket, root, op);
-        };
+        // Across nodes only: over shared memory Open MPI's non-blocking reduce is 1.2-1.8x
+        // slower than its blocking one, across 1 Gbit/s links two in flight are faster
+        // (bench/results/owners-one-host.txt, multihost-owners-*.txt).
+        if (strategy.inter_size() > 1) {
+          s.start_reduce = [](void* p, tensor_view bucket, int root, reduce_op op) {
+            return static_cast<Strategy*>(p)->start_reduce_to(bucket, root, op);
+          };
+        }
       }
       if constexpr (requires { requires Strategy::exchange_is_allreduce; }) {
         s.exchange_is_allreduce = true;

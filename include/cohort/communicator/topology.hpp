@@ -8,6 +8,7 @@
 #include <boost/mpi/communicator.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -34,6 +35,11 @@ struct node_layout {
   topology topo;
   boost::mpi::communicator intra;
   boost::mpi::communicator inter;
+  //! Every rank's {intra_rank, inter_rank}, by rank: where a root sits.
+  std::vector<std::array<int, 2>> placement;
+  //! Whether every node holds as many ranks (then each rank has a peer of its intra_rank on every
+  //! node, in `inter` at the peer's inter_rank).
+  bool nodes_alike = true;
 };
 
 namespace detail {

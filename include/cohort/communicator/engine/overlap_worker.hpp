@@ -73,7 +73,9 @@ public:
     work_.notify_one();
   }
 
-  //! Whether every launched bucket of `owner`'s job is reduced (never blocks).
+  //! Whether every launched bucket of `owner`'s job is done (never blocks). A bucket is done
+  //! when `reduce_bucket` returns, which for a reduce it left in flight (grad_sync) is before its
+  //! gradient is reduced: the gradients are all reduced once every bucket is launched and done.
   bool idle(const Owner& owner) {
     const std::lock_guard lock(mutex_);
     const job* j = find(owner);
@@ -95,7 +97,7 @@ public:
     return nullptr;
   }
 
-  //! Blocks until every launched bucket of `owner`'s job is reduced; rethrows its first
+  //! Blocks until every launched bucket of `owner`'s job is done (see `idle`); rethrows its first
   //! failure (`rethrow`), or keeps it for the next `wait`. The job stays queued until `close`.
   void wait(const Owner& owner, bool rethrow = true) {
     std::unique_lock lock(mutex_);

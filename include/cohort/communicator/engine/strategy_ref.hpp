@@ -33,7 +33,7 @@ struct strategy_ref {
   // A bucket of one rank's gradients (a large one alone, in place) reduced to that rank, started
   // and not waited for: several such, each to its own owner, then share the links that one
   // reduce after another leaves idle. Null where the strategy reduce-scatters in a way of its
-  // own (`exchange_scatter` then does these too).
+  // own (`exchange_scatter` then does these too), and on one node.
   mpi::request (*start_reduce)(void*, tensor_view, int root, reduce_op) = nullptr;
   void (*prepare)(void*, const bucket&) = nullptr;
   void (*reduce_all)(void*, std::span<const grad_slot>, const reduction_table&) = nullptr;
