@@ -112,6 +112,15 @@ private:
   int exchanges_ = 0;
 };
 
+// Stops this process (SIGSTOP) `delay` from now, from a thread of its own: most likely while the
+// caller is inside the transfer it starts next.
+void stop_itself_in(std::chrono::milliseconds delay) {
+  std::thread([delay] {
+    std::this_thread::sleep_for(delay);
+    std::raise(SIGSTOP);
+  }).detach();
+}
+
 void say(int rank, const std::string& text) {
   std::fprintf(stderr, "rank %d: %s\n", rank, text.c_str());
   std::fflush(stderr);
@@ -168,10 +177,7 @@ int run(std::string_view mode, int argc, char** argv) {
     sharded.owners = owners;
     for (int step = 0; step < 200; ++step) {
       if (odd_one && step == at) {
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          std::raise(SIGSTOP);
-        }).detach();
+        stop_itself_in(std::chrono::milliseconds(5));
       }
       auto request = comm.begin_allreduce_grad(m.params, cohort::mean{}, sharded);
       for (std::size_t t = m.params.size(); t-- > 0;) {
@@ -197,10 +203,7 @@ int run(std::string_view mode, int argc, char** argv) {
     }
     for (int step = 0; step < 200; ++step) {
       if (odd_one && step == at) {
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          std::raise(SIGSTOP);
-        }).detach();
+        stop_itself_in(std::chrono::milliseconds(5));
       }
       comm.broadcast_each(values, roots);
     }
@@ -242,10 +245,7 @@ int run(std::string_view mode, int argc, char** argv) {
     for (int step = 0; step < 200; ++step) {
       if (mode == "stalled_in_window" && odd_one && step == at) {
         // Stops itself while the others are, most likely, inside an exchange in the window.
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          std::raise(SIGSTOP);
-        }).detach();
+        stop_itself_in(std::chrono::milliseconds(5));
       }
       shared.allreduce_grad(m.params, cohort::mean{});
     }
@@ -287,10 +287,7 @@ int run(std::string_view mode, int argc, char** argv) {
       }
       if (mode == "stalled_in_transfer" && odd_one && step == at) {
         // Stops itself while the others are, most likely, inside the big all-reduce.
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          std::raise(SIGSTOP);
-        }).detach();
+        stop_itself_in(std::chrono::milliseconds(20));
       }
       if (mode == "late_in_transfer" && odd_one && step == at) {
         // The same, but a child process wakes it 2.5 s later: a transfer that stalls, then
@@ -303,10 +300,7 @@ int run(std::string_view mode, int argc, char** argv) {
           }
           std::_Exit(0);
         }
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          std::raise(SIGSTOP);
-        }).detach();
+        stop_itself_in(std::chrono::milliseconds(20));
       }
       // The big transfers only at the step where the odd one stops: every other step would only
       // make the test slow (under the sanitizers, 90 s at 3 ranks when every step moved them).

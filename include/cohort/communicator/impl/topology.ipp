@@ -31,8 +31,8 @@ COHORT_DECL node_layout discover_topology(const boost::mpi::communicator& comm,
   mpi::check(MPI_Allgather(mine.data(), 2, MPI_INT, placement.data(), 2, MPI_INT, comm),
              "MPI_Allgather (node leaders)", comm);
   std::vector<int> leaders;
-  for (const auto& [its_leader, its_intra_rank] : placement) {
-    leaders.push_back(its_leader);
+  for (const auto& where : placement) {
+    leaders.push_back(where[0]);
   }
   std::sort(leaders.begin(), leaders.end());
   leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
