@@ -420,10 +420,8 @@ private:
   // bucket of one rank's gradients (a large one alone, in place) is reduced to that rank, which
   // leaves the others' as they were.
   void reduce_scatter_bucket(tensor_view bucket, std::span<const int> blocks, reduce_op op) {
-    const auto owner = std::find_if(blocks.begin(), blocks.end(), [](int n) { return n != 0; });
-    if (owner != blocks.end() &&
-        std::all_of(owner + 1, blocks.end(), [](int n) { return n == 0; })) {
-      mpi::reduce(grad_comm(), bucket, op, static_cast<int>(owner - blocks.begin()));
+    if (const int owner = engine::single_owner(blocks); owner >= 0) {
+      mpi::reduce(grad_comm(), bucket, op, owner);
       return;
     }
     mpi::reduce_scatter_in_place(grad_comm(), bucket, blocks, op);

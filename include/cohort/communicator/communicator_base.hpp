@@ -417,6 +417,8 @@ private:
   // broadcast_each's copies on nodes alike, several ranks each: each value to the rank of its
   // root's intra_rank on every node, then inside each node.
   void broadcast_each_across_nodes(std::span<const tensor_view> values, std::span<const int> roots);
+  // Waits for every request in `copies_`, then empties it.
+  void wait_for_copies();
 
   engine::checks checks_; // first: made first (the rest is made under its rendezvous), gone last
   boost::mpi::communicator comm_;

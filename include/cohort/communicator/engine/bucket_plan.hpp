@@ -102,6 +102,16 @@ private:
   std::uint64_t fingerprint_ = 0;
 };
 
+//! The one rank whose block of a scattered bucket is not empty (a bucket of one rank's
+//! gradients alone: reduced to it, not scattered), or -1: none, or several.
+inline int single_owner(std::span<const int> blocks) noexcept {
+  const auto owner = std::find_if(blocks.begin(), blocks.end(), [](int n) { return n != 0; });
+  if (owner == blocks.end() || std::any_of(owner + 1, blocks.end(), [](int n) { return n != 0; })) {
+    return -1;
+  }
+  return static_cast<int>(owner - blocks.begin());
+}
+
 } // namespace engine
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

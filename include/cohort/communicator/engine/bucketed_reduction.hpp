@@ -264,16 +264,6 @@ private:
 
   static void own_buffers_of(entry& e);
 
-  // The one rank whose block is not empty, or -1 (none, or several).
-  static int single_owner(std::span<const int> blocks) noexcept {
-    const auto owner = std::find_if(blocks.begin(), blocks.end(), [](int n) { return n != 0; });
-    if (owner == blocks.end() ||
-        std::any_of(owner + 1, blocks.end(), [](int n) { return n != 0; })) {
-      return -1;
-    }
-    return static_cast<int>(owner - blocks.begin());
-  }
-
   // Whether `exchange` can start a reduce to one owner (and wait for it later).
   template <class Exchange>
   static bool starts(const Exchange& exchange) noexcept {

@@ -93,16 +93,14 @@ COHORT_DECL void communicator_base::broadcast_each(std::span<const tensor_view> 
   // Once the ranks agreed, a copy this rank fails to start or finish leaves the others in theirs:
   // the job ends instead of hanging.
   checks_.fatal_on_failure(operation, [&] {
+    copies_.clear(); // (what a failed call on one rank left)
     if (layout_.nodes_alike && inter_size() > 1 && intra_size() > 1) {
       return broadcast_each_across_nodes(values, roots);
     }
-    copies_.clear();
     for (std::size_t i = 0; i < values.size(); ++i) {
       copies_.push_back(mpi::ibroadcast(comm_, values[i], roots[i]));
     }
-    for (mpi::request& copy : copies_) {
-      copy.wait();
-    }
+    wait_for_copies();
   });
 }
 
@@ -116,7 +114,6 @@ COHORT_DECL void communicator_base::broadcast_each_across_nodes(std::span<const 
   // whose root is on this node spreads inside it at once.
   const auto& placement = layout_.placement;
   const auto root_of = [&](std::size_t i) { return placement[static_cast<std::size_t>(roots[i])]; };
-  copies_.clear();
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto [intra, inter] = root_of(i);
     if (intra == intra_rank()) { // (the root among them)
@@ -126,19 +123,21 @@ COHORT_DECL void communicator_base::broadcast_each_across_nodes(std::span<const 
       copies_.push_back(mpi::ibroadcast(intra_comm(), values[i], intra));
     }
   }
-  for (mpi::request& copy : copies_) {
-    copy.wait();
-  }
-  copies_.clear();
+  wait_for_copies();
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto [intra, inter] = root_of(i);
     if (inter != inter_rank()) {
       copies_.push_back(mpi::ibroadcast(intra_comm(), values[i], intra));
     }
   }
+  wait_for_copies();
+}
+
+COHORT_DECL void communicator_base::wait_for_copies() {
   for (mpi::request& copy : copies_) {
     copy.wait();
   }
+  copies_.clear(); // (the capacity stays)
 }
 
 COHORT_DECL MPI_Comm communicator_base::split_comm(int color, int key) const {
