@@ -12,12 +12,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
-#include <string>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <cpuid.h>
-#include <x86intrin.h>
+// The counter is read with the compiler's builtin: <x86intrin.h> would cost every translation
+// unit that includes cohort a few tenths of a second to parse, for one instruction.
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define COHORT_TRACE_TSC 1
 #endif
 
@@ -32,7 +30,7 @@ public:
   static std::uint64_t now() noexcept {
 #if defined(COHORT_TRACE_TSC)
     if (counter_is_invariant()) {
-      return __rdtsc();
+      return __builtin_ia32_rdtsc();
     }
 #endif
     return static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
@@ -70,29 +68,17 @@ public:
 
 private:
   static bool counter_is_invariant() noexcept {
-#if defined(COHORT_TRACE_TSC)
-    // The CPU says the counter is invariant, and (on Linux) the kernel, which checks that the
-    // cores' counters agree, keeps it as its own clock: a VM or a machine whose counters drift
-    // apart has the kernel fall back to another clocksource, and the trace to steady_clock.
-    static const bool invariant = [] {
-      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-      if (__get_cpuid(0x80000007u, &eax, &ebx, &ecx, &edx) == 0 || (edx & (1u << 8)) == 0) {
-        return false;
-      }
-#if defined(__linux__)
-      std::ifstream source("/sys/devices/system/clocksource/clocksource0/current_clocksource");
-      std::string name;
-      return source >> name && name == "tsc";
-#else
-      return true;
-#endif
-    }();
+    static const bool invariant = detect_invariant_counter();
     return invariant;
-#else
-    return false;
-#endif
   }
+
+  // Asked once per process (impl/ticks.ipp).
+  static bool detect_invariant_counter() noexcept;
 };
 
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/trace/impl/ticks.ipp>
+#endif

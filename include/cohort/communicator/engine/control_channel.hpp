@@ -20,7 +20,6 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>

@@ -7,6 +7,7 @@
 #include <cohort/communicator/engine/control_channel.hpp>
 
 #include <algorithm>
+#include <random>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
