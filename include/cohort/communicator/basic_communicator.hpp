@@ -5,6 +5,8 @@
 // parameter broadcast and allreduce_grad, blocking or overlapped with backward. It checks the
 // arguments, reads the user's types into type-erased views, and forwards: to the checks
 // (engine/checks.hpp), to the gradient-sync engine (engine/grad_sync.hpp), to the transports.
+// What of the gradient reductions does not depend on the strategy (marking gradients ready,
+// waiting, abandoning, statistics) is grad_sync_base.hpp, compiled once for every strategy.
 // A strategy derives from basic_communicator<Strategy> (CRTP: no virtual call) and supplies only
 // how one bucket of host gradients is exchanged, `exchange(tensor_view, reduce_op)` over the
 // gradient channels (`grad_comm()`, ...), or, for device memory, how all of them are reduced,
@@ -15,6 +17,7 @@
 #include <cohort/communicator/engine/checks.hpp>
 #include <cohort/communicator/engine/grad_sync_queue.hpp>
 #include <cohort/communicator/engine/parameter_broadcast.hpp>
+#include <cohort/communicator/grad_sync_base.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
@@ -57,7 +60,7 @@ inline namespace COHORT_ABI_NAMESPACE {
 //! The front door of every strategy: `Strategy` derives from basic_communicator<Strategy>
 //! (CRTP: no virtual call) and supplies how gradients are exchanged (see the top of this file).
 template <class Strategy>
-class basic_communicator : public communicator_base {
+class basic_communicator : public grad_sync_base {
 public:
   //! Builds the communicator over a duplicate of `comm` (so that cohort's messages never match
   //! the user's), and works out the topology. Collective over `comm`. Every rank must pass the
@@ -65,9 +68,7 @@ public:
   //! difference throws `mismatch_error` on every rank naming the option and both values.
   explicit basic_communicator(const boost::mpi::communicator& comm,
                               communicator_options options = {})
-      : communicator_base(comm, options)
-      , syncs_(std::make_unique<engine::grad_sync_queue>(
-            strategy_access::bucketing<Strategy>(options))) {
+      : grad_sync_base(comm, options, strategy_access::bucketing<Strategy>(options)) {
     std::string_view name = "a strategy without a name";
     if constexpr (requires { Strategy::name; }) {
       name = Strategy::name;
@@ -77,35 +78,10 @@ public:
     connect(comm);
   }
 
-  //! A reduction still pending on `other` is abandoned first: cohort's thread reads the
-  //! communicator it began on.
-  basic_communicator(basic_communicator&& other) noexcept
-      : communicator_base(
-            (other.abandon_grad_sync("its communicator was moved from"), std::move(other)))
-      , syncs_(std::move(other.syncs_)) {}
-
-  //! Abandons a reduction pending on either side, then takes `other`'s place (this rank leaves
-  //! the communicator it had: its peers are told, see liveness.hpp).
-  basic_communicator& operator=(basic_communicator&& other) noexcept {
-    if (this != &other) {
-      abandon_grad_sync("its communicator was replaced by move assignment");
-      other.abandon_grad_sync("its communicator was moved from");
-      syncs_ = std::move(other.syncs_);
-      communicator_base::operator=(std::move(other));
-    }
-    return *this;
-  }
+  basic_communicator(basic_communicator&&) noexcept = default;
+  basic_communicator& operator=(basic_communicator&&) noexcept = default;
   basic_communicator(const basic_communicator&) = delete;
   basic_communicator& operator=(const basic_communicator&) = delete;
-
-  //! Abandons an overlapped reduction still pending (the other ranks get an error; nothing this
-  //! rank did not mark ready is sent), so that cohort's thread never outlives what it reads.
-  //! Then tells the other ranks that this rank leaves the communicator.
-  ~basic_communicator() {
-    abandon_grad_sync(std::uncaught_exceptions() > 0
-                          ? "its communicator was destroyed during the unwinding of an exception"
-                          : "its communicator was destroyed");
-  }
 
   //! A communicator of the same strategy over the ranks that pass the same `color` (>= 0),
   //! ordered by `key`. Collective. The options are kept (ChainerMN's split lost them).
@@ -180,7 +156,7 @@ public:
   template <parameter_set Params, reducer Reducer>
   void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {},
                        const void* owner = nullptr) {
-    const std::lock_guard lock(syncs_->mutex());
+    const std::lock_guard lock(syncs().mutex());
     start_locked(parameter_source(params), reducer, options, owner);
   }
 
@@ -190,11 +166,11 @@ public:
   void start_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
                        const void* owner = nullptr) {
     detail::operation_scope scope("allreduce_grad");
-    const std::lock_guard lock(syncs_->mutex());
+    const std::lock_guard lock(syncs().mutex());
     require_overlap_possible(owner);
-    engine::grad_sync& lane = syncs_->lane_for(checks(), owner);
+    engine::grad_sync& lane = syncs().lane_for(checks(), owner);
     lane.slots().assign(slots.begin(), slots.end());
-    syncs_->begin(lane, checks(), strategy(), reduction_table(reducer, size()),
+    syncs().begin(lane, checks(), strategy(), reduction_table(reducer, size()),
                   missing_grad::report, owner, local_problem(lane));
   }
 
@@ -202,7 +178,7 @@ public:
   //! is read again, and its bucket reduced if that completes it. Safe from any thread.
   template <parameter_set Params>
   void grad_ready(Params& params, std::size_t index) {
-    const std::lock_guard lock(syncs_->mutex());
+    const std::lock_guard lock(syncs().mutex());
     reread_and_mark(pending_lane("grad_ready", nullptr), parameter_source(params), index);
   }
 
@@ -218,80 +194,12 @@ public:
   template <reducer Reducer>
   void grad_ready_for(const void* owner, const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options, std::size_t index) {
-    const std::lock_guard lock(syncs_->mutex());
-    engine::grad_sync* lane = syncs_->pending_lane(owner);
+    const std::lock_guard lock(syncs().mutex());
+    engine::grad_sync* lane = syncs().pending_lane(owner);
     if (lane == nullptr) {
       lane = &start_locked(params, reducer, options, owner);
     }
     reread_and_mark(*lane, params, index);
-  }
-
-  //! Gradient `index` of the views given to `start_grad_sync` (by `owner`) is final.
-  void grad_ready(std::size_t index, const void* owner = nullptr) {
-    const std::lock_guard lock(syncs_->mutex());
-    pending_lane("grad_ready", owner).mark(index);
-  }
-
-  //! Marks every gradient of `owner`'s reduction not yet ready as ready (in index order). This
-  //! order is never learned: it says nothing of when backward produces the gradients.
-  void mark_all_ready(const void* owner = nullptr) {
-    const std::lock_guard lock(syncs_->mutex());
-    pending_lane("grad_ready", owner).mark_rest_ready();
-  }
-
-  //! Marks the rest of `owner`'s reduction ready, and waits until every bucket is reduced (for
-  //! no owner: a request's reduction, or the only one pending).
-  //! Collective (the ranks agree on `end` too). Rethrows the first error on every rank. `now`,
-  //! if given, is the gradients as they are: one that moved since the reduction read it is an
-  //! error naming it, on every rank. Reductions of other owners begun before this one end
-  //! first, their gradients kept (see `take_kept_grad_sync`).
-  void wait_grad_sync(step_end end = step_end::update, std::span<const grad_slot> now = {},
-                      const void* owner = nullptr) {
-    const void* whose = owner;
-    {
-      const std::lock_guard lock(syncs_->mutex());
-      whose = pending_lane("wait", owner).owner();
-    }
-    syncs_->finish(checks(), whose, end, now);
-  }
-
-  //! Waits until every bucket of `owner`'s pending overlapped reduction is reduced, so that its
-  //! gradients hold their reduced values, without ending the step (no collective: the step's end
-  //! is still agreed at `wait_grad_sync`, where a failure on the way is thrown). What LibTorch's
-  //! adapter does at the end of backward, as DDP does. Returns false, waiting for nothing, where
-  //! that cannot be now (none pending, gradients not all marked ready, or a reduction begun
-  //! before still waiting for its own).
-  bool wait_grad_sync_transfers(const void* owner) { return syncs_->wait_transfers(owner); }
-
-  //! Whether `owner`'s last overlapped reduction was ended, its gradients kept reduced, by the
-  //! wait of a reduction begun after it (another optimizer's step); forgets it. Its gradients
-  //! are reduced already: the step that follows does not reduce them again.
-  bool take_kept_grad_sync(const void* owner) noexcept { return syncs_->take_kept(owner); }
-
-  //! `owner` (an optimizer being destroyed) will not reduce again: its lane may serve another.
-  void forget_grad_sync_owner(const void* owner) noexcept {
-    if (syncs_) {
-      syncs_->give_back(owner);
-    }
-  }
-
-  //! Ends every pending overlapped reduction without sending what was not marked ready: a rank
-  //! must never send a gradient its backward did not produce. The buckets already on their way
-  //! are finished; at the next bucket (or at the end) every rank gets an error naming this rank
-  //! and `why`. With the agreement check off, this rank skips the rest and its peers wait for
-  //! it until the timeout ends the job. Does nothing if no reduction is pending.
-  void abandon_grad_sync(std::string_view why) noexcept {
-    if (syncs_) {
-      syncs_->abandon_all(why);
-    }
-  }
-
-  //! The same for `owner`'s reduction only (and any begun before it that would hold its
-  //! buckets back: those still waiting for gradients).
-  void abandon_grad_sync_for(const void* owner, std::string_view why) noexcept {
-    if (syncs_) {
-      syncs_->abandon(owner, why);
-    }
   }
 
   //! Checks gradients about to be reduced from copies (collective, as `allreduce_grad` checks its
@@ -302,38 +210,10 @@ public:
     detail::operation_scope scope("allreduce_grad");
     engine::grad_sync* lane = nullptr;
     {
-      const std::lock_guard lock(syncs_->mutex());
-      lane = &syncs_->lane_for(checks(), nullptr);
+      const std::lock_guard lock(syncs().mutex());
+      lane = &syncs().lane_for(checks(), nullptr);
     }
     lane->validate_copies(checks(), slots, reduction_table(reducer, size()), missing);
-  }
-
-  //! Whether an overlapped reduction has begun and not been waited on (any owner's).
-  bool grad_sync_pending() const noexcept { return syncs_ != nullptr && syncs_->pending(); }
-
-  //! Whether every bucket of `owner`'s pending overlapped reduction (for no owner: a request's,
-  //! or the only one pending) is reduced (or none is pending): `wait_grad_sync` would then only
-  //! agree on the end of the step. Does not wait for transfers.
-  bool grad_sync_complete(const void* owner = nullptr) const {
-    return syncs_ == nullptr || syncs_->complete(owner);
-  }
-
-  //! Whether `owner` has an overlapped reduction pending.
-  bool grad_sync_pending_for(const void* owner) const noexcept {
-    return syncs_ != nullptr && syncs_->pending_for(owner);
-  }
-
-  //! Counts the overlapped reductions begun so far (what tells a request its own one).
-  std::uint64_t grad_sync_generation() const noexcept { return syncs_ ? syncs_->generation() : 0; }
-  //! Whether the reduction begun as the `generation`th is still pending.
-  bool grad_sync_pending_at(std::uint64_t generation) const noexcept {
-    return syncs_ != nullptr && syncs_->pending_at(generation);
-  }
-
-  //! Bytes held by the gradient buckets (each optimizer's, of the last layout it reduced; 0 for
-  //! device strategies).
-  std::size_t bucket_buffer_bytes() const noexcept {
-    return syncs_ ? syncs_->bucket_buffer_bytes() : 0;
   }
 
   //! Buckets (collectives) per step of the last layout reduced (a device strategy counts its own,
@@ -343,43 +223,10 @@ public:
             strategy_access::device_bucket_count(static_cast<const Strategy&>(*this))) {
       return *device;
     }
-    return syncs_ != nullptr ? syncs_->bucket_count() : 0;
-  }
-
-  //! What this communicator's gradient reductions did since it was made or last asked (bytes,
-  //! steps, collectives, time reducing and time the trainer waited: see grad_sync_stats), and a
-  //! fresh count from now: an epoch's figures, say. Between steps: throws `invalid_argument`
-  //! while an overlapped reduction is pending.
-  grad_sync_stats take_grad_sync_stats() {
-    detail::operation_scope scope("take_grad_sync_stats");
-    // Under the lock a backward hook takes to begin a step: none begins between the check and
-    // the read.
-    const std::lock_guard lock(syncs_->mutex());
-    syncs_->require_no_pending(checks(), "take_grad_sync_stats", nullptr);
-    return syncs_->take_stats();
-  }
-
-  //! The orders this communicator learned to build gradient buckets in (with overlap), by
-  //! layout: a checkpoint keeps them (`cohort::bucket_orders`, cohort/checkpoint.hpp).
-  std::vector<bucket_order> learned_bucket_orders() const {
-    return syncs_ != nullptr ? syncs_->learned_orders() : std::vector<bucket_order>{};
-  }
-
-  //! Adopts orders a checkpoint kept, each when its layout is next reduced (as the run that
-  //! saved them did), so that a resumed run reduces bit for bit as that run would have. Call it
-  //! on every rank alike, between steps.
-  void restore_bucket_orders(std::vector<bucket_order> orders) {
-    detail::operation_scope scope("restore_bucket_orders");
-    const std::lock_guard lock(syncs_->mutex());
-    syncs_->require_no_pending(checks(), "restore_bucket_orders", nullptr);
-    syncs_->restore_orders(std::move(orders));
+    return host_bucket_count();
   }
 
 protected:
-  //! For a strategy whose `exchange` uses members of its own: abandons a pending reduction
-  //! before they go (from its destructor).
-  void finish_overlap() noexcept { abandon_grad_sync("its communicator was destroyed"); }
-
   //! `broadcast_parameters` for a strategy that moves device memory itself: parameters in host
   //! memory take the host path; otherwise the ranks agree on the layout (every value in device
   //! memory, and `check(view, what)` for what else the strategy asks of it), and then, watched,
@@ -446,9 +293,9 @@ private:
     detail::operation_scope scope("allreduce_grad");
     engine::grad_sync* lane = nullptr;
     {
-      const std::lock_guard lock(syncs_->mutex());
-      syncs_->require_no_pending(checks(), "allreduce_grad", nullptr);
-      lane = &syncs_->lane_for(checks(), nullptr);
+      const std::lock_guard lock(syncs().mutex());
+      syncs().require_no_pending(checks(), "allreduce_grad", nullptr);
+      lane = &syncs().lane_for(checks(), nullptr);
     }
     collect(lane->slots(), lane->names());
     lane->reduce_blocking(checks(), strategy(),
@@ -475,21 +322,7 @@ private:
 
   void require_overlap_possible(const void* owner) {
     static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
-    syncs_->require_overlap_possible(checks(), owner);
-  }
-
-  // `owner`'s pending lane (for no owner: the request's, else the one pending, if only one is),
-  // or an error naming `operation`. Under the queue's mutex.
-  engine::grad_sync& pending_lane(std::string_view operation, const void* owner) {
-    engine::grad_sync* lane = syncs_->pending_or_only(owner);
-    if (lane == nullptr) {
-      throw invalid_argument(
-          "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": " +
-          (owner == nullptr && syncs_->pending()
-               ? "several optimizers' overlapped reductions are pending: name the owner"
-               : "no overlapped allreduce_grad is pending (begin_allreduce_grad starts one)"));
-    }
-    return *lane;
+    syncs().require_overlap_possible(checks(), owner);
   }
 
   // Under the queue's mutex.
@@ -498,33 +331,15 @@ private:
                                   grad_sync_options options, const void* owner) {
     detail::operation_scope scope("allreduce_grad");
     require_overlap_possible(owner);
-    engine::grad_sync& lane = syncs_->lane_for(checks(), owner);
+    engine::grad_sync& lane = syncs().lane_for(checks(), owner);
     params.collect(options.missing, lane.slots(), lane.names());
     params.remember(lane.elements());
     lane.elements_of() = params.address();
-    syncs_->begin(lane, checks(), strategy(),
+    syncs().begin(lane, checks(), strategy(),
                   reduction_table(reducer, size()).scattered_to(options.owners, rank()),
                   options.missing, owner, local_problem(lane, options.owners));
     return lane;
   }
-
-  // Under the queue's mutex: reads parameter `index` again and marks it ready.
-  void reread_and_mark(engine::grad_sync& lane, const parameter_source& params, std::size_t index) {
-    if (params.remembers_elements() && lane.elements_of() != params.address()) {
-      // Its elements are read where the set began's live: another set would be read as this one.
-      throw invalid_argument("cohort: grad_ready(" + std::to_string(index) + ") on rank " +
-                             std::to_string(rank()) +
-                             ": this parameter set is not the one the "
-                             "reduction began with; give grad_ready that same set");
-    }
-    if (!lane.needs_reread(index)) {
-      lane.mark(index);
-      return;
-    }
-    lane.mark_reread(index, params.reread(index, lane.elements(), lane.missing()));
-  }
-
-  std::unique_ptr<engine::grad_sync_queue> syncs_;
 };
 
 //! A communicator of strategy `Strategy` over all the processes (`MPI_COMM_WORLD`). Collective.
