@@ -30,6 +30,7 @@
 #include <cohort/reducer/detail/powersgd_state.hpp>
 #include <cohort/reducer/hook.hpp>
 #include <cohort/reducer/mean.hpp>
+#include <cohort/reducer/powersgd_options.hpp>
 #include <cohort/tensor/dtype.hpp>
 
 #include <memory>
