@@ -10,6 +10,7 @@
 #include <cohort/reducer/mean.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/training/detail/gradient_copies.hpp>
+#include <cohort/training/distributed_optimizer_options.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -30,27 +31,6 @@ inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
 struct optimizer_sharding; // sharded_optimizer's way in: see sharded_optimizer.hpp
 } // namespace detail
-
-//! Anything that updates parameters from their gradients with `step()`.
-template <class O>
-concept optimizer = std::move_constructible<O> && requires(O& o) {
-  o.step();
-};
-
-//! Options of `distributed_optimizer`.
-struct distributed_optimizer_options {
-  //! A parameter without a gradient in a step: an error naming it (default), or a zero gradient.
-  missing_grad missing = missing_grad::report;
-  //! The rank whose initial parameter values every replica starts from.
-  int root = 0;
-  //! ChainerMN's double buffering: each `step()` starts reducing this step's gradients (a copy of
-  //! them, on cohort's thread) and updates with the previous step's, already reduced while this
-  //! step computed. Communication then hides entirely behind compute, at the price of gradients
-  //! one step stale and a second copy of them. The first step only starts a reduction; `finish()`
-  //! applies the last one. Needs an overlapping (host) strategy and MPI_THREAD_MULTIPLE. A
-  //! checkpoint does not hold the reduction in flight: call `finish()` before saving one.
-  bool double_buffering = false;
-};
 
 //! Wraps an optimizer so that training is data-parallel: on construction every rank's
 //! parameters are overwritten with `root`'s (so the replicas start identical, and no step is
