@@ -11,13 +11,16 @@
 // callback) settles the parameters backward did not reach: the trainer's loop changes in nothing
 // but the optimizer's type.
 //
-// The hooks use LibTorch's autograd API that 1.13 and 2.x share (`impl::grad_accumulator`,
-// `Node::add_post_hook`, `Tensor::register_hook`, `Engine::queue_callback`), not c10d.
+// The hooks (detail/autograd_hooks.hpp, detail/backward_sync.hpp) use LibTorch's autograd API
+// that 1.13 and 2.x share (`impl::grad_accumulator`, `Node::add_post_hook`,
+// `Tensor::register_hook`, `Engine::queue_callback`), not c10d.
 
-#include <cohort/adapters/torch/detail/in_flight.hpp>
+#include <cohort/adapters/torch/detail/autograd_hooks.hpp>
+#include <cohort/adapters/torch/detail/backward_sync.hpp>
 #include <cohort/adapters/torch/detail/shard.hpp>
 #include <cohort/adapters/torch/detail/step_settings.hpp>
 #include <cohort/adapters/torch/detail/stepper.hpp>
+#include <cohort/adapters/torch/distributed_options.hpp>
 #include <cohort/adapters/torch/module.hpp>
 #include <cohort/adapters/torch/optimizer_state.hpp>
 #include <cohort/adapters/torch/stream_order.hpp>
@@ -33,20 +36,12 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <concepts>
 #include <cstddef>
-#include <cstdint>
-#include <cstring>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -58,19 +53,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace torch {
-//! Options of `cohort::torch::distributed_optimizer`.
-struct distributed_options {
-  //! Reduce buckets while backward runs (hooks on the AccumulateGrad nodes). Host strategies
-  //! only (a device strategy reduces at `step()`); needs MPI started with MPI_THREAD_MULTIPLE.
-  bool overlap = true;
-  //! DDP's `find_unused_parameters`: a parameter backward gave no gradient counts as a zero
-  //! gradient on this rank (the same zeros on every rank that did not use it). Off: it is an
-  //! error naming the parameters, on every rank.
-  bool find_unused_parameters = false;
-  //! The rank whose parameters, buffers and optimizer state every replica starts from.
-  int root = 0;
-};
-
 //! A LibTorch optimizer made data-parallel over `Communicator` (a strategy: cohort::flat...).
 //! It is an `Optimizer` (it derives from it, and its param groups and state are the optimizer's
 //! own): wherever a `torch::optim::Optimizer&` goes, it goes, and `step()` through that reference
@@ -124,9 +106,8 @@ protected:
       , shard_(sharding ? std::make_unique<detail::shard<Communicator>>(comm, params_, *sharding)
                         : nullptr)
       , sync_(detail::stepper<Optimizer, Communicator>{this, shard_.get()}, comm, params_,
-              cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer))
-      , fired_(params_.size(), 0)
-      , averaging_(sync_.averages()) {
+              cohort::distributed_optimizer_options{.root = options.root}, std::move(reducer)) {
+    backward_.set_averaging(sync_.averages());
     // The trainable parameters were broadcast above; the frozen ones and the buffers now.
     if (std::vector<parameter> rest = torch::untrained_state(module); !rest.empty()) {
       comm.broadcast_parameters(rest, options_.root);
@@ -138,23 +119,9 @@ protected:
     }
     detail::place_gradients_in_window(comm, params_); // (kept there by zero_grad)
     if (overlapping()) {
-      try {
-        hooks_.reserve(params_.size());
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-          at::Tensor& value = params_[i].value;
-          auto node = ::torch::autograd::impl::grad_accumulator(value);
-          const std::uintptr_t key = node->add_post_hook(std::make_unique<ready_hook>(this, i));
-          // Held: a leaf keeps only a weak reference to its AccumulateGrad node, and a new node
-          // would have no hook.
-          hooks_.push_back({std::move(node), key, 0});
-          // Before AccumulateGrad adds into the gradient (see on_arrival).
-          hooks_.back().arrival =
-              value.register_hook([this, i](const at::Tensor&) { on_arrival(i); });
-        }
-      } catch (...) {
-        remove_hooks();
-        throw;
-      }
+      hooks_.add(
+          params_, [this](std::size_t i) { backward_.on_arrival(i); },
+          [this](std::size_t i, bool sparse) { backward_.on_ready(i, sparse); });
     }
   }
 
@@ -163,7 +130,7 @@ public:
   //! abandoned (see cohort::distributed_optimizer's destructor) before the gradients it uses are
   //! let go.
   ~distributed_optimizer() override {
-    remove_hooks();
+    hooks_.remove();
     if constexpr (overlap_possible) {
       if (comm().grad_sync_pending_for(&sync_)) {
         comm().abandon_grad_sync_for(
@@ -172,8 +139,7 @@ public:
                           "exception, in the middle of a step"
                         : "its distributed_optimizer was destroyed in the middle of a step");
       }
-      const std::lock_guard lock(mutex_);
-      in_flight_.let_go();
+      backward_.let_go();
     }
   }
 
@@ -189,7 +155,7 @@ public:
       // First: a rank that throws below (what its backward found) must not leave its peers in
       // this all-reduce; they hear of it through the reduction's own agreement.
       settings_.agree(comm(), *this);
-      const release_on_exit release{*this};
+      const auto release = backward_.releasing();
       before_reduction();
       sync_.step();
       return {};
@@ -197,7 +163,7 @@ public:
     settings_.agree(comm(), *this);
     return Optimizer::step([&]() -> at::Tensor {
       const at::Tensor loss = closure();
-      const release_on_exit release{*this};
+      const auto release = backward_.releasing();
       before_reduction();
       sync_.synchronize();
       sync_.skip_step(); // the update is the optimizer's, inside this call
@@ -216,11 +182,11 @@ public:
       set_to_none = false;
     }
     // A new step: even a backward that failed before its final callback is over.
-    std::string failure = take_failure();
+    std::string failure = backward_.take_failure();
     std::exception_ptr ending; // what ending the step threw: rethrown once the gradients are clear
     try {
-      const release_on_exit release{*this};
-      require_parameters_untouched();
+      const auto release = backward_.releasing();
+      backward_.require_parameters_untouched();
       sync_.skip_step();
     } catch (...) {
       ending = std::current_exception();
@@ -268,7 +234,7 @@ public:
   //! Reduces without stepping (to clip the averaged gradients); the next `step()` does not
   //! reduce again. Collective.
   void synchronize() {
-    const release_on_exit release{*this};
+    const auto release = backward_.releasing();
     before_reduction();
     sync_.synchronize();
   }
@@ -276,9 +242,9 @@ public:
   //! Ends the step without an update (after `synchronize()`, when the gradients are not finite,
   //! say). Collective.
   void skip_step() {
-    const std::string failure = take_failure();
-    const release_on_exit release{*this};
-    require_parameters_untouched();
+    const std::string failure = backward_.take_failure();
+    const auto release = backward_.releasing();
+    backward_.require_parameters_untouched();
     sync_.skip_step();
     if (!failure.empty()) {
       throw invalid_argument(failure);
@@ -315,48 +281,6 @@ private:
 
   static constexpr bool overlap_possible = overlapping_communicator<Communicator>;
 
-  // The gradients an overlapped reduction reads and writes on cohort's thread are held (an
-  // at::Tensor keeps its storage alive) from the start of backward until the reduction is over
-  // (at the end of backward, or where that could not wait, at the step), so that a trainer that
-  // replaces or frees one meanwhile frees nothing cohort still uses.
-  struct release_on_exit {
-    distributed_optimizer& owner;
-    ~release_on_exit() {
-      if constexpr (overlap_possible) {
-        if (!owner.comm().grad_sync_pending_for(&owner.sync_)) {
-          const std::lock_guard lock(owner.mutex_);
-          owner.in_flight_.let_go();
-        }
-      }
-    }
-  };
-
-  struct ready_hook final : ::torch::autograd::FunctionPostHook {
-    ready_hook(distributed_optimizer* owner, std::size_t index)
-        : owner(owner)
-        , index(index) {}
-    // For AccumulateGrad, `inputs` is the gradient that arrived (and was just accumulated).
-    ::torch::autograd::variable_list
-    operator()(const ::torch::autograd::variable_list& outputs,
-               const ::torch::autograd::variable_list& inputs) override {
-      owner->on_ready(index, !inputs.empty() && inputs.front().defined() &&
-                                 inputs.front().layout() != c10::kStrided);
-      return outputs;
-    }
-    distributed_optimizer* owner;
-    std::size_t index;
-  };
-
-  // A std::shared_ptr in LibTorch 1.13, a c10::intrusive_ptr in later ones.
-  using node_pointer =
-      decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-
-  struct hook {
-    node_pointer node;
-    std::uintptr_t key;
-    unsigned arrival; // the parameter's tensor hook
-  };
-
   static distributed_options require_possible(distributed_options options) {
     if (options.overlap && overlap_possible) {
       int provided = MPI_THREAD_SINGLE;
@@ -380,213 +304,16 @@ private:
     return params;
   }
 
-  void remove_hooks() noexcept {
-    for (std::size_t i = 0; i < hooks_.size(); ++i) {
-      hooks_[i].node->del_post_hook(hooks_[i].key);
-      try {
-        params_[i].value.remove_hook(hooks_[i].arrival);
-      } catch (...) {
-        // (its tensor hook was not registered: the constructor failed in between)
-      }
-    }
-    hooks_.clear();
-  }
-
-  // A tensor hook: parameter `index`'s gradient arrives, before AccumulateGrad adds it into
-  // the one there. Reduced gradients another optimizer's step kept for this one are this one's
-  // no longer (inside no_sync() too: the step after must reduce). Adding into a reduced gradient
-  // is right for a reducer that averages only (the next reduction reduces reduced + new).
-  // The first arrival of a new backward ends this optimizer's reduction still pending, its
-  // gradients kept reduced (a second backward before the step), so that its step's end is
-  // agreed before another begins.
-  void on_arrival(std::size_t index) {
-    if constexpr (overlap_possible) {
-      comm().take_kept_grad_sync(&sync_);
-      const std::lock_guard lock(mutex_);
-      if (!averaging_ && in_flight_.holds_reduced(index, params_[index].value.grad())) {
-        throw invalid_argument(
-            "cohort::torch::distributed_optimizer on rank " + std::to_string(comm().rank()) +
-            ": backward adds into the gradient of '" + params_[index].name +
-            "', which holds its reduced value, and this reducer does not average: the next "
-            "reduction would scale that value again. zero_grad() before this backward, or run "
-            "every backward of a step but its last inside no_sync()");
-      }
-      if (in_backward_ || !sync_.syncing() || !comm().grad_sync_pending_for(&sync_)) {
-        return;
-      }
-      // (under the lock: a hook on another thread waits until the step's end is agreed)
-      sync_.keep_reduced();
-    }
-  }
-
-  // A hook: parameter `index` has its gradient for this backward (`sparse`: it came sparse,
-  // which cohort does not reduce). From the autograd engine's threads.
-  void on_ready(std::size_t index, bool sparse) {
-    if constexpr (overlap_possible) {
-      if (!sync_.syncing()) {
-        return; // no_sync(): the gradients accumulate
-      }
-      const std::lock_guard lock(mutex_);
-      if (!in_backward_) {
-        in_backward_ = true;
-        std::fill(fired_.begin(), fired_.end(), 0);
-        // The reduction begins now and reads every gradient's place: one that backward has not
-        // produced yet is given zeros, into which AccumulateGrad then adds (as after
-        // zero_grad(false)).
-        give_undefined_gradients_zeros();
-        // Nothing held is let go while a reduction of this optimizer is pending (a second
-        // backward before its step: its tensors may still be on cohort's thread).
-        if (!comm().grad_sync_pending_for(&sync_)) {
-          in_flight_.begin(params_);
-          sync_.backward_began(); // (a start that failed in the last backward is over)
-        } else {
-          for (const parameter& p : params_) {
-            in_flight_.hold(p.value.grad());
-          }
-        }
-        ::torch::autograd::Engine::get_default_engine().queue_callback(
-            [this] { on_backward_end(); });
-      }
-      if (sparse) {
-        // Added into the zeros given above it is dense now, but blocking would refuse it: refused
-        // alike here, at the end of backward.
-        fired_[index] = 2;
-        return;
-      }
-      fired_[index] = 1;
-      in_flight_.mark(index, params_[index].value.grad()); // what it reads from now on
-      try {
-        sync_.grad_ready(index);
-      } catch (...) {
-        in_backward_ = false; // the engine may not reach the final callback after an error
-        throw;
-      }
-    }
-  }
-
-  // The autograd engine's final callback: backward is over. The parameters it did not reach
-  // hold zeros: reduced as such with find_unused_parameters, else an error on every rank at its
-  // step (not here: an exception from backward would leave the peers' step to find out alone).
-  // Then, as DDP at the end of every backward, it waits until every bucket is reduced: when
-  // backward returns, the gradients hold their reduced values and cohort's thread is done with
-  // them, so the trainer may read or change them before step() as with one process (clip them,
-  // zero them through a torch::optim::Optimizer&). The step's end is still agreed at step().
-  void on_backward_end() {
-    if constexpr (overlap_possible) {
-      if (settle_backward()) {
-        sync_.wait_reduced();
-        if (sync_.reduced()) {
-          const std::lock_guard lock(mutex_);
-          in_flight_.reduced(params_);
-        }
-      }
-    }
-  }
-
-  // What backward did not reach, settled (see on_backward_end); returns whether its reduction
-  // goes on (not abandoned).
-  bool settle_backward() {
-    if constexpr (overlap_possible) {
-      const std::lock_guard lock(mutex_);
-      if (!in_backward_) {
-        return false; // a backward whose hook threw: its step is over already
-      }
-      in_backward_ = false;
-      std::string unused;
-      std::string sparse;
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        std::string& list = fired_[i] == 0 ? unused : sparse;
-        if (fired_[i] != 1) {
-          list += (list.empty() ? "" : ", ") + params_[i].name;
-        }
-      }
-      if (unused.empty() && sparse.empty()) {
-        return true;
-      }
-      if (sparse.empty() && options_.find_unused_parameters) {
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-          if (fired_[i] == 0) {
-            sync_.grad_ready(i);
-          }
-        }
-        return true;
-      }
-      // The other ranks get an error naming this rank at their step; this one, at its own.
-      const std::string why =
-          !sparse.empty()
-              ? "backward gave a sparse gradient to " + sparse +
-                    ": cohort reduces dense gradients only (build the module with dense "
-                    "gradients: Embedding's sparse(false))"
-              : "backward gave no gradient to " + unused +
-                    " (pass find_unused_parameters = true to reduce zeros for them)";
-      comm().abandon_grad_sync_for(&sync_, why);
-      failure_ = "cohort::torch::distributed_optimizer on rank " + std::to_string(comm().rank()) +
-                 ": " + why;
-    }
-    return false;
-  }
-
-  // What the end of backward found wrong (empty if nothing); the next backward starts afresh
-  // even if this one never reached its final callback (it failed elsewhere).
-  std::string take_failure() {
-    const std::lock_guard lock(mutex_);
-    in_backward_ = false;
-    return std::exchange(failure_, std::string());
-  }
-
-  // A pending reduction whose parameters changed while it ran: an optimizer stepped with the
-  // gradients cohort's thread was still writing (a reference to inner() kept from before
-  // backward, stepped before step()). The replicas may part: abandoned, an error on every rank.
-  void require_parameters_untouched() {
-    if constexpr (overlap_possible) {
-      if (!comm().grad_sync_pending_for(&sync_)) {
-        return;
-      }
-      std::optional<std::size_t> changed;
-      std::optional<std::size_t> modified;
-      {
-        const std::lock_guard lock(mutex_);
-        changed = in_flight_.changed(params_);
-        modified = in_flight_.modified(params_);
-      }
-      if (changed || modified) {
-        const std::string why =
-            changed ? "parameter '" + params_[*changed].name +
-                          "' changed while its step's gradients were being reduced: something "
-                          "updated it between backward and step() with gradients cohort's "
-                          "thread was still writing (another optimizer over the same "
-                          "parameters?)"
-                    : "the gradient of '" + params_[*modified].name +
-                          "' was changed in place while cohort's thread was reducing it (a "
-                          "zero_grad between backward and step() through a "
-                          "torch::optim::Optimizer& or the module, which cohort does not see: "
-                          "call the distributed_optimizer's own zero_grad(), or step() first)";
-        comm().abandon_grad_sync_for(&sync_, why);
-        throw invalid_argument("cohort::torch::distributed_optimizer on rank " +
-                               std::to_string(comm().rank()) + ": " + why);
-      }
-    }
-  }
-
   // Throws what the end of backward found, or gives unused parameters their zeros.
   void before_reduction() {
-    if (std::string failure = take_failure(); !failure.empty()) {
+    if (std::string failure = backward_.take_failure(); !failure.empty()) {
       throw invalid_argument(failure);
     }
-    require_parameters_untouched();
+    backward_.require_parameters_untouched();
     stream_order<Communicator>::follow(comm(), params_);
     if (options_.find_unused_parameters) {
-      give_undefined_gradients_zeros();
+      backward_.give_undefined_gradients_zeros();
     } // else an undefined gradient is reported by name on every rank
-  }
-
-  void give_undefined_gradients_zeros() {
-    const ::torch::NoGradGuard no_grad;
-    for (parameter& p : params_) {
-      if (!p.value.mutable_grad().defined()) {
-        p.value.mutable_grad() = detail::zero_gradient(comm(), p.value);
-      }
-    }
   }
 
   // One number, where the strategy reduces: host memory, or the parameters' device.
@@ -605,16 +332,11 @@ private:
   std::vector<parameter> named_; // every parameter, frozen ones too: the optimizer state's names
   detail::step_settings settings_;
   // The step in flight's gradients, held until it ends; before sync_, whose destructor waits for
-  // cohort's thread. Under mutex_.
-  detail::in_flight in_flight_{params_.size()};
+  // cohort's thread.
+  detail::backward_sync<sync_type> backward_{sync_, params_, options_.find_unused_parameters};
   std::unique_ptr<detail::shard<Communicator>> shard_; // before sync_, whose step uses it
   sync_type sync_;
-  std::mutex mutex_;
-  std::vector<char> fired_;
-  bool averaging_ = true; // the reducer's (see cohort::distributed_optimizer::averages)
-  bool in_backward_ = false;
-  std::string failure_; // found at the end of backward, thrown at the step
-  std::vector<hook> hooks_;
+  detail::autograd_hooks hooks_; // last: removed first
 };
 
 } // namespace torch
