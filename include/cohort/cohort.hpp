@@ -9,6 +9,7 @@
 #include <cohort/communicator/concepts.hpp>
 #include <cohort/communicator/dummy.hpp>
 #include <cohort/communicator/flat.hpp>
+#include <cohort/communicator/grad_sync_base.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/hierarchical.hpp>
 #include <cohort/communicator/links.hpp>
@@ -27,6 +28,7 @@
 #include <cohort/reducer/hook.hpp>
 #include <cohort/reducer/mean.hpp>
 #include <cohort/reducer/powersgd.hpp>
+#include <cohort/reducer/powersgd_options.hpp>
 #include <cohort/reducer/sum.hpp>
 #include <cohort/tensor/bfloat16.hpp>
 #include <cohort/tensor/concepts.hpp>
@@ -39,6 +41,7 @@
 #include <cohort/tensor/tensor_view.hpp>
 #include <cohort/tensor/traits.hpp>
 #include <cohort/training/distributed_optimizer.hpp>
+#include <cohort/training/distributed_optimizer_options.hpp>
 #include <cohort/training/early_stopping.hpp>
 #include <cohort/training/evaluator.hpp>
 #include <cohort/training/multi_node_iterator.hpp>

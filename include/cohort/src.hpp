@@ -24,9 +24,11 @@
 #include <cohort/communicator/engine/impl/readiness.ipp>
 #include <cohort/communicator/engine/impl/slots.ipp>
 #include <cohort/communicator/impl/communicator_base.ipp>
+#include <cohort/communicator/impl/grad_sync_base.ipp>
 #include <cohort/communicator/impl/topology.ipp>
 #include <cohort/detail/impl/watchdog.ipp>
 #include <cohort/impl/error.ipp>
 #include <cohort/kernels/impl/host.ipp>
+#include <cohort/trace/impl/ticks.ipp>
 #include <cohort/transport/impl/mpi_datatype.ipp>
 #include <cohort/transport/impl/mpi_error.ipp>
