@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE communicator.any_communicator
 #include <cohort/cohort.hpp>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,19 @@ BOOST_AUTO_TEST_CASE(every_name_reduces_as_its_strategy) {
     auto request = comm.begin_allreduce_grad(m.params, cohort::mean{});
     request.ready(1);
     request.wait();
+    // Views marked ready by index, through the variant.
+    cohort::test::model<float> viewed(comm.size(), comm.rank());
+    cohort::test::model<float> blocking(comm.size(), comm.rank());
+    std::vector<cohort::grad_slot> slots;
+    std::vector<std::string> names;
+    cohort::collect_gradients(viewed.params, cohort::missing_grad::report, slots, names);
+    comm.start_grad_sync(std::span<const cohort::grad_slot>(slots), cohort::mean{}, &oracle);
+    comm.grad_ready(1, &oracle);
+    comm.wait_grad_sync(cohort::step_end::update, {}, &oracle);
+    comm.allreduce_grad(blocking.params, cohort::mean{});
+    for (std::size_t t = 0; t < viewed.grads.size(); ++t) {
+      BOOST_TEST_REQUIRE(viewed.grads[t] == blocking.grads[t], boost::test_tools::per_element());
+    }
     // Each value from its own root, through the variant.
     std::vector<float> mine(3, static_cast<float>(comm.rank()));
     std::vector<float> theirs(2, static_cast<float>(comm.rank()));

@@ -13,6 +13,7 @@
 #include <list>
 #include <new>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -303,6 +304,32 @@ BOOST_AUTO_TEST_CASE(a_set_erased_once_reduces_as_its_own_type) {
       cohort::invalid_argument,
       message_has({"grad_ready(1)", "not the one the reduction began with"}));
   comm.wait_grad_sync();
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(views_marked_ready_by_index_reduce_as_the_set, Strategy, strategies) {
+  // The path of a wrapper that reduces copies (double buffering): views given to
+  // start_grad_sync, then marked ready by index, for an owner and for none.
+  auto comm = cohort::make_communicator<Strategy>({.bucket_bytes = 64});
+  int owner = 0;
+  for (int step = 0; step < 2; ++step) {
+    mixed_model a(comm.size(), comm.rank(), step);
+    mixed_model b(comm.size(), comm.rank(), step);
+    std::vector<cohort::grad_slot> slots;
+    std::vector<std::string> names;
+    cohort::collect_gradients(a.params, cohort::missing_grad::report, slots, names);
+    const void* const whose = step == 0 ? static_cast<const void*>(&owner) : nullptr;
+    comm.start_grad_sync(std::span<const cohort::grad_slot>(slots), cohort::mean{}, whose);
+    for (const std::size_t t : readiness(comm.rank(), step)) {
+      if (whose == nullptr) {
+        comm.grad_ready(t);
+      } else {
+        comm.grad_ready(t, whose);
+      }
+    }
+    comm.wait_grad_sync(cohort::step_end::update, {}, whose); // (marks the rest)
+    comm.allreduce_grad(b.params, cohort::mean{});
+    require_same_bytes(a, b, step);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_named) {

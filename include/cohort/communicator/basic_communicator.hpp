@@ -174,6 +174,10 @@ public:
                   missing_grad::report, owner, local_problem(lane));
   }
 
+  // grad_ready(index, owner), for views given to start_grad_sync, is grad_sync_base's: the
+  // overload below would hide it.
+  using grad_sync_base::grad_ready;
+
   //! Parameter `index` of `params` (the set the reduction began with) has its final gradient: it
   //! is read again, and its bucket reduced if that completes it. Safe from any thread.
   template <parameter_set Params>

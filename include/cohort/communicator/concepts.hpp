@@ -67,6 +67,8 @@ concept overlapping_communicator = communicator<C> && !requires {
   c.start_grad_sync(params, detail::reducer_archetype{}, grad_sync_options{});
   c.start_grad_sync(slots, detail::reducer_archetype{}, owner);
   c.grad_ready(params, i);
+  c.grad_ready(i, owner);
+  c.grad_ready(i);
   c.grad_ready_for(owner, params, detail::reducer_archetype{}, grad_sync_options{}, i);
   c.grad_ready_for(owner, source, detail::reducer_archetype{}, grad_sync_options{}, i);
   c.mark_all_ready(owner);

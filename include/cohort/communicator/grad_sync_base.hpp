@@ -11,7 +11,6 @@
 #include <cohort/communicator/communicator_base.hpp>
 #include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/communicator/engine/grad_sync_queue.hpp>
-#include <cohort/communicator/grad_sync_request.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
@@ -133,19 +132,23 @@ protected:
   //! before they go (from its destructor).
   void finish_overlap() noexcept;
 
+private:
+  // What the front door's templates need of the lanes; no strategy reaches them.
+  template <class Strategy>
+  friend class basic_communicator;
+
   engine::grad_sync_queue& syncs() noexcept { return *syncs_; }
 
-  //! Buckets per step of the last layout reduced on the host (0 once moved from).
+  // Buckets per step of the last layout reduced on the host (0 once moved from).
   std::size_t host_bucket_count() const noexcept;
 
-  //! `owner`'s pending lane (for no owner: the request's, else the one pending, if only one is),
-  //! or an error naming `operation`. Under the queue's mutex.
+  // `owner`'s pending lane (for no owner: the request's, else the one pending, if only one is),
+  // or an error naming `operation`. Under the queue's mutex.
   engine::grad_sync& pending_lane(std::string_view operation, const void* owner);
 
-  //! Under the queue's mutex: reads parameter `index` again and marks it ready.
+  // Under the queue's mutex: reads parameter `index` again and marks it ready.
   void reread_and_mark(engine::grad_sync& lane, const parameter_source& params, std::size_t index);
 
-private:
   std::unique_ptr<engine::grad_sync_queue> syncs_; // null once moved from
 };
 

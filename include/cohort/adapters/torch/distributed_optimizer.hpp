@@ -45,7 +45,6 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
-#include <torch/utils.h>
 #include <type_traits>
 #include <utility>
 #include <vector>

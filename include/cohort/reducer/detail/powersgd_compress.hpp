@@ -69,9 +69,9 @@ bool reseed_zero_columns(const powersgd_options& options, T* qt, std::size_t r, 
 
 // One bucket of a compressed step; returns the values its exchanges carried.
 template <class T>
-std::uint64_t compress(const powersgd_options& options, const hook_bucket& b,
-                       powersgd_layout& state,
-                       std::chrono::steady_clock::duration& orthogonalizing) {
+std::uint64_t powersgd_compress(const powersgd_options& options, const hook_bucket& b,
+                                powersgd_layout& state,
+                                std::chrono::steady_clock::duration& orthogonalizing) {
   using clock = std::chrono::steady_clock;
   const auto orthogonalize = [&](T* v, std::size_t r, std::size_t len) {
     const auto start = clock::now();

@@ -133,8 +133,8 @@ public:
     }
     std::chrono::steady_clock::duration orthogonalizing{};
     const std::uint64_t sent = b.type() == dtype::float64
-                                   ? compress<double>(options_, b, *state, orthogonalizing)
-                                   : compress<float>(options_, b, *state, orthogonalizing);
+                                   ? powersgd_compress<double>(options_, b, *state, orthogonalizing)
+                                   : powersgd_compress<float>(options_, b, *state, orthogonalizing);
     std::uint64_t compressed = 0;
     for (const hook_tensor& t : b.tensors()) {
       compressed += state->slots[t.slot].compressed ? 1 : 0;
