@@ -60,8 +60,7 @@ public:
     ~release_on_exit() {
       if constexpr (overlap_possible) {
         if (!owner.sync_.comm().grad_sync_pending_for(&owner.sync_)) {
-          const std::lock_guard lock(owner.mutex_);
-          owner.in_flight_.let_go();
+          owner.let_go();
         }
       }
     }
