@@ -4,6 +4,7 @@
 // the steady state.
 #define BOOST_TEST_MODULE communicator.allreduce_grad
 #include <cohort/cohort.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
 
 #include <chrono>
 #include <cmath>

@@ -3,6 +3,7 @@
 // agreement check that turns cross-rank mismatches into the same error on every rank.
 #define BOOST_TEST_MODULE communicator.collectives
 #include <cohort/cohort.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
 
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>

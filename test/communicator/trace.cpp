@@ -6,6 +6,11 @@
 #define BOOST_TEST_MODULE communicator.trace
 #define BOOST_BIND_GLOBAL_PLACEHOLDERS // (boost/property_tree includes boost/bind.hpp)
 #include <cohort/cohort.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
+#include <cohort/trace/profiler_range.hpp>
+#include <cohort/trace/recorder.hpp>
+#include <cohort/trace/span.hpp>
+#include <cohort/trace/ticks.hpp>
 
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>

@@ -7,6 +7,7 @@
 // bit; and a user's own hook (random-k with memory) plugs in through the same concept.
 #define BOOST_TEST_MODULE reducer.powersgd
 #include <cohort/cohort.hpp>
+#include <cohort/kernels/lowrank.hpp>
 #if defined(COHORT_TEST_CHECKPOINT)
 #include <cohort/checkpoint/powersgd.hpp>
 #endif

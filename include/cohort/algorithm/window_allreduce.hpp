@@ -25,13 +25,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
 
 namespace cohort {
@@ -126,19 +124,7 @@ private:
   // Spins while the other ranks are close (a peer a few hundred nanoseconds behind), yields
   // while they compute, and sleeps only once the wait is long. A rank that never comes is the
   // watchdog's: the exchange runs inside a watched transfer, which ends the job at the timeout.
-  static void wait_for(std::uint64_t& flag, std::uint64_t value) noexcept {
-    const std::atomic_ref<std::uint64_t> f(flag);
-    for (unsigned spins = 0; f.load(std::memory_order_acquire) < value; ++spins) {
-      if (spins < 64) {
-        continue;
-      }
-      if (spins < 65536) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-  }
+  static void wait_for(std::uint64_t& flag, std::uint64_t value) noexcept;
 
   template <class AcrossNodes>
   void reduce_block(tensor_view data, std::size_t offset, reduce_op op,
@@ -176,22 +162,7 @@ private:
     }
   }
 
-  std::string disagreement(int r, std::uint64_t k) const {
-    const auto where = [&](int rank) {
-      const std::uint64_t* b = flags(rank).buffer[k % 2];
-      return "a buffer of " + std::to_string(b[1]) + " " +
-             std::string(to_string(static_cast<dtype>(b[2]))) + " elements (" +
-             std::string(to_string(static_cast<reduce_op>(b[3]))) + ") " +
-             (b[0] == 0 ? std::string("outside the window")
-                        : "at offset " + std::to_string(b[0] - 1) + " of the window") +
-             " on rank " + std::to_string(rank);
-    };
-    const int me = window_->rank();
-    return "cohort: shared_memory exchange #" + std::to_string(k) + " (rank " + std::to_string(me) +
-           " of the node): " + where(me) + ", " + where(r) +
-           ": every rank must allocate its gradients from the communicator's shared_allocator in "
-           "the same order and sizes";
-  }
+  std::string disagreement(int r, std::uint64_t k) const;
 
   const mpi::shared_window* window_;
   std::uint64_t exchanges_ = 0;
@@ -200,3 +171,7 @@ private:
 } // namespace algorithm
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/algorithm/impl/window_allreduce.ipp>
+#endif

@@ -5,7 +5,7 @@
 // the engine compares what ranks pass to a collective (engine/agreement.hpp): a fingerprint
 // first, the descriptions only when the fingerprints differ.
 
-#include <cohort/communicator/engine/agreement.hpp>
+#include <cohort/communicator/engine/signature.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/fingerprint.hpp>
 #include <cohort/error.hpp>

@@ -4,9 +4,10 @@
 // The front door every strategy shares: the topology, the tensor and object collectives, the
 // parameter broadcast and allreduce_grad, blocking or overlapped with backward. It checks the
 // arguments, reads the user's types into type-erased views, and forwards: to the checks
-// (engine/checks.hpp), to the gradient-sync engine (engine/grad_sync.hpp), to the transports.
-// What of the gradient reductions does not depend on the strategy (marking gradients ready,
-// waiting, abandoning, statistics) is grad_sync_base.hpp, compiled once for every strategy.
+// (engine/checks.hpp), to the transports, and, the strategy, the reducer and the parameter set
+// erased (strategy_ref, reduction_table, parameter_source or a gradient_reader), to
+// grad_sync_base.hpp, which is compiled once for every strategy and alone sees the gradient-sync
+// engine (engine/grad_sync.hpp).
 // A strategy derives from basic_communicator<Strategy> (CRTP: no virtual call) and supplies only
 // how one bucket of host gradients is exchanged, `exchange(tensor_view, reduce_op)` over the
 // gradient channels (`grad_comm()`, ...), or, for device memory, how all of them are reduced,
@@ -15,7 +16,6 @@
 #include <cohort/communicator/communicator_base.hpp>
 #include <cohort/communicator/engine/bucket_plan.hpp>
 #include <cohort/communicator/engine/checks.hpp>
-#include <cohort/communicator/engine/grad_sync_queue.hpp>
 #include <cohort/communicator/engine/parameter_broadcast.hpp>
 #include <cohort/communicator/grad_sync_base.hpp>
 #include <cohort/communicator/grad_sync_request.hpp>
@@ -43,7 +43,6 @@
 #include <functional>
 #include <iterator>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -108,17 +107,24 @@ public:
   //! agreed to run it, ends the job with a message naming the rank and the cause.
   template <parameter_set Params, reducer Reducer>
   void allreduce_grad(Params&& params, const Reducer& reducer, grad_sync_options options = {}) {
-    reduce_blocking(reducer, options, [&](auto& slots, auto& names) {
-      collect_gradients(params, options.missing, slots, names);
-    });
+    using set = std::remove_reference_t<Params>;
+    reduce_now(
+        [](const void* p, missing_grad missing, std::vector<grad_slot>& slots,
+           std::vector<std::string>& names) {
+          collect_gradients(*static_cast<set*>(const_cast<void*>(p)), missing, slots, names);
+        },
+        std::addressof(params), reducer, options);
   }
   //! The same, for a set whose type is erased (see parameter_source).
   template <reducer Reducer>
   void allreduce_grad(const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options = {}) {
-    reduce_blocking(reducer, options, [&](auto& slots, auto& names) {
-      params.collect(options.missing, slots, names);
-    });
+    reduce_now(
+        [](const void* p, missing_grad missing, std::vector<grad_slot>& slots,
+           std::vector<std::string>& names) {
+          static_cast<const parameter_source*>(p)->collect(missing, slots, names);
+        },
+        &params, reducer, options);
   }
 
   // ---- gradients reduced while backward runs ------------------------------------------------
@@ -156,8 +162,9 @@ public:
   template <parameter_set Params, reducer Reducer>
   void start_grad_sync(Params& params, const Reducer& reducer, grad_sync_options options = {},
                        const void* owner = nullptr) {
-    const std::lock_guard lock(syncs().mutex());
-    start_locked(parameter_source(params), reducer, options, owner);
+    refuse_overlap_on_device();
+    start_set(parameter_source(params), strategy(), reduction_table(reducer, size()), options,
+              owner);
   }
 
   //! Starts an overlapped reduction of gradients given as views (which the caller keeps alive and
@@ -165,13 +172,8 @@ public:
   template <reducer Reducer>
   void start_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
                        const void* owner = nullptr) {
-    detail::operation_scope scope("allreduce_grad");
-    const std::lock_guard lock(syncs().mutex());
-    require_overlap_possible(owner);
-    engine::grad_sync& lane = syncs().lane_for(checks(), owner);
-    lane.slots().assign(slots.begin(), slots.end());
-    syncs().begin(lane, checks(), strategy(), reduction_table(reducer, size()),
-                  missing_grad::report, owner, local_problem(lane));
+    refuse_overlap_on_device();
+    start_views(slots, strategy(), reduction_table(reducer, size()), owner);
   }
 
   // grad_ready(index, owner), for views given to start_grad_sync, is grad_sync_base's: the
@@ -182,8 +184,7 @@ public:
   //! is read again, and its bucket reduced if that completes it. Safe from any thread.
   template <parameter_set Params>
   void grad_ready(Params& params, std::size_t index) {
-    const std::lock_guard lock(syncs().mutex());
-    reread_and_mark(pending_lane("grad_ready", nullptr), parameter_source(params), index);
+    mark_ready_in(parameter_source(params), index);
   }
 
   //! What an optimizer's backward hook calls, from any thread: the first call of a step begins
@@ -198,12 +199,12 @@ public:
   template <reducer Reducer>
   void grad_ready_for(const void* owner, const parameter_source& params, const Reducer& reducer,
                       grad_sync_options options, std::size_t index) {
-    const std::lock_guard lock(syncs().mutex());
-    engine::grad_sync* lane = syncs().pending_lane(owner);
-    if (lane == nullptr) {
-      lane = &start_locked(params, reducer, options, owner);
+    refuse_overlap_on_device();
+    // (Once a step's reduction began, as for every gradient but its first, nothing of the
+    // strategy or the reducer is needed.)
+    if (!mark_ready_if_pending(owner, params, index)) {
+      mark_ready_for(owner, params, strategy(), reduction_table(reducer, size()), options, index);
     }
-    reread_and_mark(*lane, params, index);
   }
 
   //! Checks gradients about to be reduced from copies (collective, as `allreduce_grad` checks its
@@ -211,13 +212,7 @@ public:
   template <reducer Reducer>
   void validate_grad_sync(std::span<const grad_slot> slots, const Reducer& reducer,
                           missing_grad missing) {
-    detail::operation_scope scope("allreduce_grad");
-    engine::grad_sync* lane = nullptr;
-    {
-      const std::lock_guard lock(syncs().mutex());
-      lane = &syncs().lane_for(checks(), nullptr);
-    }
-    lane->validate_copies(checks(), slots, reduction_table(reducer, size()), missing);
+    validate_views(slots, reduction_table(reducer, size()), missing);
   }
 
   //! Buckets (collectives) per step of the last layout reduced (a device strategy counts its own,
@@ -288,61 +283,19 @@ private:
 
   engine::strategy_ref strategy() noexcept { return strategy_access::ref(self()); }
 
-  // allreduce_grad, `collect` reading the set (a typed one directly: none of parameter_source).
-  template <reducer Reducer, class Collect>
-  void reduce_blocking(const Reducer& reducer, grad_sync_options options, Collect&& collect) {
+  // allreduce_grad, `read` reading the set (a typed one directly: the rest of what
+  // parameter_source would instantiate is not needed here).
+  template <reducer Reducer>
+  void reduce_now(gradient_reader read, const void* set, const Reducer& reducer,
+                  grad_sync_options options) {
     static_assert(!(gradient_hook<Reducer> && device_strategy()),
                   "cohort: gradient hooks (powersgd) reduce host gradients over host strategies "
                   "(flat, hierarchical, two_dimensional, ...)");
-    detail::operation_scope scope("allreduce_grad");
-    engine::grad_sync* lane = nullptr;
-    {
-      const std::lock_guard lock(syncs().mutex());
-      syncs().require_no_pending(checks(), "allreduce_grad", nullptr);
-      lane = &syncs().lane_for(checks(), nullptr);
-    }
-    collect(lane->slots(), lane->names());
-    lane->reduce_blocking(checks(), strategy(),
-                          reduction_table(reducer, size()).scattered_to(options.owners, rank()),
-                          options.missing, local_problem(*lane, options.owners));
+    reduce_set_now(read, set, strategy(), reduction_table(reducer, size()), options);
   }
 
-  // What this rank's own checks find in the slots read: memory the strategy cannot reduce.
-  // Agreed on with the layout, so that it is an error on every rank.
-  std::string local_problem(const engine::grad_sync& lane, std::span<const int> owners = {}) {
-    return engine::local_checks([&] {
-      if (!owners.empty()) {
-        engine::check_owners(owners, lane.slots(), rank(), size(), device_strategy());
-      }
-      for (const grad_slot& slot : lane.slots()) {
-        if (slot.state != slot_state::ok || slot.grad.count == 0) {
-          continue;
-        }
-        checks().require_location(slot.grad.location, device_strategy(), "allreduce_grad");
-        strategy_access::check_gradient_memory(self(), slot);
-      }
-    });
-  }
-
-  void require_overlap_possible(const void* owner) {
+  static constexpr void refuse_overlap_on_device() {
     static_assert(!device_strategy(), "cohort: overlap needs a host strategy (flat, ...)");
-    syncs().require_overlap_possible(checks(), owner);
-  }
-
-  // Under the queue's mutex.
-  template <reducer Reducer>
-  engine::grad_sync& start_locked(const parameter_source& params, const Reducer& reducer,
-                                  grad_sync_options options, const void* owner) {
-    detail::operation_scope scope("allreduce_grad");
-    require_overlap_possible(owner);
-    engine::grad_sync& lane = syncs().lane_for(checks(), owner);
-    params.collect(options.missing, lane.slots(), lane.names());
-    params.remember(lane.elements());
-    lane.elements_of() = params.address();
-    syncs().begin(lane, checks(), strategy(),
-                  reduction_table(reducer, size()).scattered_to(options.owners, rank()),
-                  options.missing, owner, local_problem(lane, options.owners));
-    return lane;
   }
 };
 

@@ -20,6 +20,9 @@
 #include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
+// (Not needed here, but every trainer that makes a communicator makes a boost::mpi::environment
+// first, and the getting-started code includes <cohort/cohort.hpp> alone for it.)
+#include <boost/mpi/environment.hpp>
 
 #include <array>
 #include <cstddef>
@@ -74,9 +77,7 @@ public:
   //! Whether this rank writes a trace (communicator_options::trace_directory, or COHORT_TRACE),
   //! and the file.
   bool traced() const noexcept { return checks_.trace_file() != nullptr; }
-  std::filesystem::path trace_file() const {
-    return traced() ? checks_.trace_file()->file() : std::filesystem::path();
-  }
+  std::filesystem::path trace_file() const;
   //! Stops recording this rank's spans until `resume_trace`, to trace chosen steps only (as
   //! Horovod's stop_timeline and start_timeline); nothing where no trace is written. Each rank
   //! decides for itself. Between steps, from the trainer's thread: a gradient step already begun
@@ -89,11 +90,7 @@ public:
   void barrier() const;
 
 protected:
-  void set_trace_recording(bool on) const noexcept {
-    if (checks_.trace_file() != nullptr) {
-      checks_.trace_file()->set_recording(on);
-    }
-  }
+  void set_trace_recording(bool on) const noexcept;
 
   //! The MPI communicator of `split` (collective): the ranks that pass the same `color` (>= 0),
   //! ordered by `key`; a bad color throws on every rank.

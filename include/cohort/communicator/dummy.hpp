@@ -44,5 +44,10 @@ private:
   }
 };
 
+#if defined(COHORT_SEPARATE_COMPILATION)
+// Instantiated once, in <cohort/src.hpp> (see strategy_access::ref).
+extern template engine::strategy_ref strategy_access::ref<dummy>(dummy&) noexcept;
+#endif
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -5,16 +5,20 @@
 // the overlapped reductions pending (one lane per optimizer), marking their gradients ready,
 // waiting for them, abandoning them, and what they counted and learned. Not a template: compiled
 // once (impl/grad_sync_base.ipp) for every strategy. basic_communicator<Strategy> adds what needs
-// the strategy: starting a reduction, the blocking one, the parameter broadcast.
+// the strategy's, the reducer's or the parameter set's type, and erases them (strategy_ref,
+// reduction_table, parameter_source or a gradient_reader) before it calls in here: the lanes, and
+// the engine under them, are declared, not defined, in a trainer's translation unit built with
+// COHORT_SEPARATE_COMPILATION (header-only, impl/grad_sync_base.ipp brings them).
 
 #include <cohort/communicator/bucket_order.hpp>
 #include <cohort/communicator/communicator_base.hpp>
 #include <cohort/communicator/engine/bucket_plan.hpp>
-#include <cohort/communicator/engine/grad_sync_queue.hpp>
+#include <cohort/communicator/engine/strategy_ref.hpp>
 #include <cohort/communicator/grad_sync_stats.hpp>
 #include <cohort/communicator/gradients.hpp>
 #include <cohort/communicator/options.hpp>
 #include <cohort/config.hpp>
+#include <cohort/reducer/concepts.hpp>
 
 #include <boost/mpi/communicator.hpp>
 
@@ -22,11 +26,16 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+namespace engine {
+class grad_sync;
+class grad_sync_queue;
+} // namespace engine
 
 //! The strategy-independent half of every communicator's gradient reductions (see the top of this
 //! file); a strategy derives from basic_communicator<Strategy>, which derives from this.
@@ -133,14 +142,56 @@ protected:
   void finish_overlap() noexcept;
 
 private:
-  // What the front door's templates need of the lanes; no strategy reaches them.
+  // What basic_communicator<Strategy>'s templates call, the strategy, the reducer and the set
+  // erased; no strategy reaches the lanes, and none gets past the front door's compile-time
+  // refusals (a device strategy's overlap, a gradient hook on device memory).
   template <class Strategy>
   friend class basic_communicator;
 
-  engine::grad_sync_queue& syncs() noexcept { return *syncs_; }
+  //! How allreduce_grad reads a parameter set's gradients and names into a lane, the set's type
+  //! erased (`collect_gradients`, or a parameter_source's `collect`).
+  using gradient_reader = void (*)(const void* set, missing_grad missing,
+                                   std::vector<grad_slot>& slots, std::vector<std::string>& names);
+
+  //! allreduce_grad: reads `set` with `read` and reduces its gradients on this thread, as `table`
+  //! says (scattered to `options.owners`, if any).
+  void reduce_set_now(gradient_reader read, const void* set, const engine::strategy_ref& strategy,
+                      const reduction_table& table, grad_sync_options options);
+  //! start_grad_sync: begins `owner`'s overlapped reduction of `params` (collective).
+  void start_set(const parameter_source& params, const engine::strategy_ref& strategy,
+                 const reduction_table& table, grad_sync_options options, const void* owner);
+  //! start_grad_sync of views the caller keeps (missing gradients reported).
+  void start_views(std::span<const grad_slot> slots, const engine::strategy_ref& strategy,
+                   const reduction_table& table, const void* owner);
+  //! grad_ready(params, index) of the pending reduction with no owner.
+  void mark_ready_in(const parameter_source& params, std::size_t index);
+  //! grad_ready_for, once a reduction is pending for `owner`: marks parameter `index` ready and
+  //! returns true; false, marking nothing, when none is pending yet.
+  bool mark_ready_if_pending(const void* owner, const parameter_source& params, std::size_t index);
+  //! grad_ready_for's first call of a step: begins `owner`'s reduction (start_set) unless
+  //! another thread just did, and marks parameter `index` ready.
+  void mark_ready_for(const void* owner, const parameter_source& params,
+                      const engine::strategy_ref& strategy, const reduction_table& table,
+                      grad_sync_options options, std::size_t index);
+  //! validate_grad_sync.
+  void validate_views(std::span<const grad_slot> slots, const reduction_table& table,
+                      missing_grad missing);
 
   // Buckets per step of the last layout reduced on the host (0 once moved from).
   std::size_t host_bucket_count() const noexcept;
+
+  // Under the queue's mutex.
+  engine::grad_sync& start_locked(const parameter_source& params,
+                                  const engine::strategy_ref& strategy,
+                                  const reduction_table& table, grad_sync_options options,
+                                  const void* owner);
+  // (A device strategy cannot overlap: basic_communicator refuses it at compile time.)
+  void require_overlap_possible(const void* owner);
+
+  // What this rank's own checks find in the lane's slots: memory the strategy cannot reduce, or
+  // owners that do not fit. Agreed on with the layout, so that it is an error on every rank.
+  std::string local_problem(const engine::grad_sync& lane, const engine::strategy_ref& strategy,
+                            std::span<const int> owners = {}) const;
 
   // `owner`'s pending lane (for no owner: the request's, else the one pending, if only one is),
   // or an error naming `operation`. Under the queue's mutex.

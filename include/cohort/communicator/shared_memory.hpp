@@ -165,5 +165,11 @@ private:
   std::unique_ptr<window_state> window_;
 };
 
+#if defined(COHORT_SEPARATE_COMPILATION)
+// Instantiated once, in <cohort/src.hpp> (see strategy_access::ref).
+extern template engine::strategy_ref
+strategy_access::ref<shared_memory<>>(shared_memory<>&) noexcept;
+#endif
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

@@ -104,5 +104,11 @@ private:
   algorithm::ring_workspace ring_;
 };
 
+#if defined(COHORT_SEPARATE_COMPILATION)
+// Instantiated once, in <cohort/src.hpp> (see strategy_access::ref).
+extern template engine::strategy_ref
+strategy_access::ref<two_dimensional<>>(two_dimensional<>&) noexcept;
+#endif
+
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort

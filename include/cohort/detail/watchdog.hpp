@@ -10,6 +10,7 @@
 // the watchdog reads the slots a few times per timeout and makes no MPI call but MPI_Abort.
 
 #include <cohort/config.hpp>
+#include <cohort/detail/watch_slot.hpp>
 
 #include <mpi.h>
 
@@ -31,8 +32,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace detail {
-
-using watch_clock = std::chrono::steady_clock;
 
 //! What `end_job` runs first, with its message, if set: the trace recorders write what they hold
 //! there (trace/recorder.hpp), so that the trace of a job cohort ends keeps its last second.
@@ -85,25 +84,6 @@ inline std::atomic<end_job_hook>& end_job_hook_slot() noexcept {
 //! "12.3 s", for messages.
 COHORT_DECL std::string describe_seconds(watch_clock::duration d);
 
-//! What one thread is waiting for in a blocking MPI call: written by that thread, read by the
-//! watchdog. All relaxed atomics: the watchdog only needs a recent view, never a consistent one.
-struct watch_slot {
-  std::atomic<watch_clock::rep> since{0}; //!< when the call began; 0 while not waiting
-  std::atomic<const char*> operation{nullptr};
-  std::atomic<std::uint64_t> sequence{0};
-  std::atomic<std::size_t> bytes{0};
-  //! Whether every rank had passed the agreement check of this call: then all had arrived, and
-  //! the stall is inside the transfer.
-  std::atomic<bool> agreed{false};
-  //! Stall warnings printed in this call so far (the watchdog's: reset when a call begins).
-  std::atomic<unsigned> warnings{0};
-  watch_clock::duration timeout{};
-  watch_clock::duration stall_warning{};
-  int rank = -1;
-
-  bool watched() const noexcept { return timeout.count() > 0 || stall_warning.count() > 0; }
-};
-
 //! This process's host name, for messages ("rank 3 (host2)"): what Open MPI's
 //! MPI_Get_processor_name returns too, but readable from any thread.
 COHORT_DECL const std::string& host_name();
@@ -147,34 +127,6 @@ private:
   std::vector<watch_slot*> slots_;
   bool stop_ = false;
   std::thread thread_;
-};
-
-//! Marks `slot` as waiting for the duration of one blocking call. Without a timeout (a slot not
-//! watched) it does nothing.
-class watch_scope {
-public:
-  watch_scope(watch_slot& slot, const char* operation, std::uint64_t sequence, std::size_t bytes,
-              bool agreed) noexcept
-      : slot_(slot.watched() ? &slot : nullptr) {
-    if (slot_ != nullptr) {
-      slot_->warnings.store(0, std::memory_order_relaxed);
-      slot_->operation.store(operation, std::memory_order_relaxed);
-      slot_->sequence.store(sequence, std::memory_order_relaxed);
-      slot_->bytes.store(bytes, std::memory_order_relaxed);
-      slot_->agreed.store(agreed, std::memory_order_relaxed);
-      slot_->since.store(watch_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    }
-  }
-  ~watch_scope() {
-    if (slot_ != nullptr) {
-      slot_->since.store(0, std::memory_order_relaxed);
-    }
-  }
-  watch_scope(const watch_scope&) = delete;
-  watch_scope& operator=(const watch_scope&) = delete;
-
-private:
-  watch_slot* slot_;
 };
 
 //! A slot registered with the watchdog for its lifetime (not movable: the watchdog holds its

@@ -22,7 +22,6 @@
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -94,26 +93,11 @@ namespace detail {
 // A permutation that is the same on every platform for a seed: std::shuffle and the standard
 // distributions are implementation-defined, std::mt19937_64's output is not. Fisher-Yates with
 // an unbiased bounded draw (rejection of the top remainder).
-inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed,
-                                            std::uint64_t epoch) {
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::seed_seq sequence{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
-                         static_cast<std::uint32_t>(epoch),
-                         static_cast<std::uint32_t>(epoch >> 32)};
-  std::mt19937_64 engine(sequence);
-  for (std::size_t i = n; i > 1; --i) {
-    const std::uint64_t bound = i;
-    const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() -
-                                std::numeric_limits<std::uint64_t>::max() % bound;
-    std::uint64_t draw = engine();
-    while (draw >= limit) {
-      draw = engine();
-    }
-    std::swap(order[i - 1], order[static_cast<std::size_t>(draw % bound)]);
-  }
-  return order;
-}
+COHORT_DECL std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed,
+                                                 std::uint64_t epoch);
+
+// A seed drawn at random (std::random_device), for a shuffle the user gave none.
+COHORT_DECL std::uint64_t random_seed();
 
 struct dataset_split {
   std::uint64_t total = 0;
@@ -141,7 +125,7 @@ dataset_split agree_on_plan(Communicator& comm, std::size_t n, const scatter_opt
   if (comm.rank() == options.root) {
     plan.total = n;
     plan.shuffle = options.shuffle;
-    plan.seed = options.seed ? *options.seed : std::random_device{}() * 0x9e3779b97f4a7c15ull;
+    plan.seed = options.seed ? *options.seed : detail::random_seed();
     plan.force_equal_length = options.force_equal_length;
   }
   plan = comm.bcast_obj(plan, options.root);
@@ -355,3 +339,7 @@ scattered_dataset<example_t<Dataset>> scatter_dataset(const Dataset& data, Commu
 
 } // namespace COHORT_ABI_NAMESPACE
 } // namespace cohort
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include <cohort/training/impl/scatter_dataset.ipp>
+#endif

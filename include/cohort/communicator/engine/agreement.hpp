@@ -8,6 +8,7 @@
 // of hanging or reducing misaligned buffers.
 
 #include <cohort/communicator/engine/liveness.hpp>
+#include <cohort/communicator/engine/signature.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/fingerprint.hpp>
 #include <cohort/detail/watchdog.hpp>
@@ -32,24 +33,11 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
-//! One item of what a rank passes to a collective: a label ("parameter 'fc1.w'", "tensor") and a
-//! description of what it is on this rank ("100 float32 elements").
-struct signature_entry {
-  std::string label;
-  std::string description;
-};
-
 //! Every rank's description, in rank order (collective over `comm`). Sent as flat text, a
 //! length before each string, in two MPI calls: Boost.Serialization would do it too, but would be
 //! compiled into every translation unit that reduces a gradient (a third of its build time).
 COHORT_DECL std::vector<std::vector<signature_entry>>
 gather_descriptions(MPI_Comm comm, const std::vector<signature_entry>& mine);
-
-// Builds the message from every rank's full description: the first item on which some rank
-// differs from the reference rank (the lowest, unless told), with both sides.
-COHORT_DECL std::string describe_mismatch(std::string_view operation,
-                                          const std::vector<std::vector<signature_entry>>& all,
-                                          std::size_t reference_rank = 0);
 
 //! Checks that every rank of the communicator behind `live` passed the same things, at the
 //! rendezvous of thread `who` (see liveness.hpp: a peer that left or stalled ends the job instead
@@ -129,9 +117,6 @@ bool require_agreement_carrying(liveness& live, waiter who, const char* operatio
   return require_agreement_carrying_of(live, who, operation, sequence, data, op,
                                        std::pair<std::uint64_t, Describe&>(hash, describe));
 }
-
-//! "N dtype elements", the description of a tensor in messages.
-COHORT_DECL std::string describe_tensor(std::size_t count, dtype type);
 
 } // namespace engine
 } // namespace COHORT_ABI_NAMESPACE

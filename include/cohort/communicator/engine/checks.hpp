@@ -8,27 +8,23 @@
 // what happens when a transfer fails after the ranks agreed to run it. Not a template: compiled
 // once whatever the strategy.
 
-#include <cohort/communicator/engine/agreement.hpp>
-#include <cohort/communicator/engine/liveness.hpp>
+#include <cohort/communicator/engine/signature.hpp>
+#include <cohort/communicator/engine/waiter.hpp>
 #include <cohort/communicator/options.hpp>
-#include <cohort/communicator/topology.hpp>
 #include <cohort/config.hpp>
-#include <cohort/detail/watchdog.hpp>
+#include <cohort/detail/watch_slot.hpp>
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/dtype.hpp>
 #include <cohort/tensor/location.hpp>
 #include <cohort/tensor/tensor_view.hpp>
-#include <cohort/trace/span.hpp>
-#include <cohort/transport/mpi.hpp>
 
 #include <boost/mpi/communicator.hpp>
-#include <boost/mpi/environment.hpp>
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,7 +35,9 @@
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
+class trace_recorder;
 namespace engine {
+class liveness;
 
 //! Throws `error` unless MPI is running.
 COHORT_DECL void require_mpi();
@@ -61,18 +59,22 @@ std::string local_checks(Checks&& checks) {
 //! A communicator's rendezvous, its options and the checks built on them. Owns the liveness
 //! behind a pointer: the watchdog thread reads its watch slots, which must stay put when the
 //! communicator moves. (cohort's reduction thread reads this object itself, so a communicator
-//! abandons a pending reduction before it moves.)
+//! abandons a pending reduction before it moves.) The liveness and the trace recorder are only
+//! declared here, and the agreement is reached through the functions below, not its templates:
+//! with COHORT_SEPARATE_COMPILATION, where those are compiled once (impl/checks.ipp), a trainer's
+//! translation unit does not parse the liveness, the agreement, the watchdog, the control
+//! channel or the trace recorder. (Header-only, impl/checks.ipp brings them all.)
 class checks {
 public:
   checks(const boost::mpi::communicator& comm, const communicator_options& options);
   ~checks();
-  checks(checks&&) noexcept = default;
-  checks& operator=(checks&&) noexcept = default;
+  checks(checks&&) noexcept;
+  checks& operator=(checks&&) noexcept;
 
   liveness& live() const noexcept { return *live_; }
   const communicator_options& options() const noexcept { return options_; }
-  int rank() const noexcept { return live_->rank(); }
-  int size() const noexcept { return live_->size(); }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
 
   //! The end of every front door: the ranks compare `hash` and whether each found a problem; a
   //! mismatch throws `mismatch_error` everywhere (`describe()` says what this rank passed), and a
@@ -81,13 +83,8 @@ public:
   template <class Describe>
   void settle(const char* operation, std::uint64_t hash, Describe&& describe,
               const std::string& problem, std::size_t bytes = 0) const {
-    const std::uint64_t sequence = live_->next_sequence(waiter::caller, bytes);
-    if (options_.check_agreement) {
-      agree_on_problems(waiter::caller, operation, sequence, hash, describe, problem);
-    }
-    if (!problem.empty()) {
-      throw invalid_argument(problem);
-    }
+    settle_at(waiter::caller, options_.check_agreement, operation, hash, describe_ref(describe),
+              problem, bytes);
   }
 
   //! `settle` at the rendezvous of thread `who`, whatever check_agreement says (cohort's thread
@@ -95,10 +92,7 @@ public:
   template <class Describe = std::nullptr_t>
   void settle_on(waiter who, const char* operation, std::uint64_t hash, const std::string& problem,
                  Describe&& describe = nullptr, std::size_t bytes = 0) const {
-    agree_on_problems(who, operation, live_->next_sequence(who, bytes), hash, describe, problem);
-    if (!problem.empty()) {
-      throw invalid_argument(problem);
-    }
+    settle_at(who, true, operation, hash, describe_ref(describe), problem, bytes);
   }
 
   //! `settle` for a call on one tensor: its count, its dtype and one integer detail (the op, the
@@ -131,9 +125,7 @@ public:
   void agree_on_options(std::string_view strategy, std::string_view strategy_type);
 
   //! This rank's trace, or null when tracing is off or paused.
-  trace_recorder* trace() const noexcept {
-    return trace_ && trace_->recording() ? trace_.get() : nullptr;
-  }
+  trace_recorder* trace() const noexcept;
   //! This rank's trace, paused or not (null when tracing is off).
   trace_recorder* trace_file() const noexcept { return trace_.get(); }
 
@@ -143,16 +135,9 @@ public:
 
   //! A blocking call after the rendezvous, watched by the watchdog.
   detail::watch_scope watch_transfer(const char* operation, std::size_t bytes,
-                                     waiter who = waiter::caller) const noexcept {
-    return detail::watch_scope(live_->slot(who), operation, live_->sequence(who), bytes,
-                               options_.check_agreement);
-  }
+                                     waiter who = waiter::caller) const noexcept;
   //! A blocking point-to-point call: no rendezvous precedes it.
-  detail::watch_scope watch_point_to_point(const char* operation,
-                                           std::size_t bytes) const noexcept {
-    return detail::watch_scope(live_->slot(waiter::caller), operation,
-                               live_->sequence(waiter::caller), bytes, false);
-  }
+  detail::watch_scope watch_point_to_point(const char* operation, std::size_t bytes) const noexcept;
 
   //! Runs a transfer every rank agreed to run. If it throws on this rank, the others are inside
   //! collectives this rank will not finish, and no error can reach them: the job ends, naming
@@ -165,9 +150,7 @@ public:
       if (size() == 1) {
         throw;
       }
-      detail::end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
-                      " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
-                      "); the other ranks cannot finish its collectives; ending the job");
+      end_job_after_failure(operation, e);
     }
   }
 
@@ -204,28 +187,24 @@ public:
 
 private:
   template <class Describe>
-  void agree_on_problems(waiter who, const char* operation, std::uint64_t sequence,
-                         std::uint64_t hash, Describe&& describe,
-                         const std::string& problem) const {
-    detail::fingerprint f;
-    f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
-    // (`who` names the rendezvous, not the thread: the end of an overlapped step settles at
-    // the reducer's on the trainer's thread)
-    trace_recorder* const trace = this->trace();
-    const trace_span span(trace, "agreement",
-                          trace != nullptr ? this_trace_thread() : trace_thread::trainer, 0, -1,
-                          operation);
-    engine::require_agreement(*live_, who, operation, sequence, f.value(), [&] {
-      if (!problem.empty()) {
-        return std::vector<engine::signature_entry>{{"the call", "failed (" + problem + ")"}};
-      }
-      if constexpr (std::is_invocable_v<Describe>) {
-        return describe();
-      } else {
-        return std::vector<engine::signature_entry>{{"the call", "good arguments"}};
-      }
-    });
+  static describe_fn describe_ref(Describe& describe) {
+    if constexpr (std::is_invocable_v<Describe&>) {
+      return std::ref(describe);
+    } else {
+      return {};
+    }
   }
+
+  // settle's and settle_on's: the next rendezvous of `who`; its agreement if `agree`; `problem`
+  // thrown.
+  void settle_at(waiter who, bool agree, const char* operation, std::uint64_t hash,
+                 const describe_fn& describe, const std::string& problem, std::size_t bytes) const;
+  // The ranks compare `hash` and whether each found a problem (`describe`, if any, says what
+  // this rank passed).
+  void agree_on_problems(waiter who, const char* operation, std::uint64_t sequence,
+                         std::uint64_t hash, const describe_fn& describe,
+                         const std::string& problem) const;
+  [[noreturn]] void end_job_after_failure(const char* operation, const std::exception& e) const;
 
   // `options` with the timeout and the stall warning that apply (COHORT_TIMEOUT,
   // COHORT_STALL_WARNING, or the defaults, where unset). A bad variable goes to `problem`,
@@ -236,6 +215,8 @@ private:
   communicator_options options_; // timeout and stall_warning always set
   std::unique_ptr<liveness> live_;
   std::unique_ptr<trace_recorder> trace_;
+  int rank_ = 0;
+  int size_ = 1;
 };
 
 } // namespace engine

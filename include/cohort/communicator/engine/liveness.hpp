@@ -18,6 +18,7 @@
 // watchdog thread (watchdog.hpp).
 
 #include <cohort/communicator/engine/control_channel.hpp>
+#include <cohort/communicator/engine/waiter.hpp>
 #include <cohort/config.hpp>
 #include <cohort/detail/terminate_handler.hpp>
 #include <cohort/detail/watchdog.hpp>
@@ -49,10 +50,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
-
-//! The two threads that may wait on one communicator at once: the caller's, and cohort's own
-//! reduction thread (overlap). Each has a rendezvous channel and a watch slot of its own.
-enum class waiter : unsigned char { caller, reducer };
 
 class liveness {
 public:

@@ -5,9 +5,10 @@
 // A serialization that fails on one rank would leave the others inside the collective: after
 // the ranks agreed, a failure ends the job.
 
-#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/checks.hpp>
+#include <cohort/communicator/engine/signature.hpp>
 #include <cohort/config.hpp>
+#include <cohort/detail/fingerprint.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/transport/mpi.hpp>
 

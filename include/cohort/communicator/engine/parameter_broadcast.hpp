@@ -6,12 +6,10 @@
 // place, so that no copy of the model is made. The layout (names and type-erased values) is read
 // by the templated front door; what follows is compiled once.
 
-#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/checks.hpp>
-#include <cohort/communicator/engine/slots.hpp>
+#include <cohort/communicator/engine/signature.hpp>
 #include <cohort/config.hpp>
 #include <cohort/error.hpp>
-#include <cohort/kernels/host.hpp>
 #include <cohort/tensor/concepts.hpp>
 #include <cohort/tensor/parameter.hpp>
 #include <cohort/tensor/tensor_view.hpp>

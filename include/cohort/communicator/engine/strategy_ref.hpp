@@ -41,6 +41,9 @@ struct strategy_ref {
   // Collectives a device strategy's `reduce_all` ran in its last call (`device_bucket_count()`),
   // for grad_sync_stats; null when it does not say.
   std::size_t (*device_buckets)(const void*) = nullptr;
+  // Refuses a gradient in memory the strategy cannot reduce, though of the right location (a
+  // strategy's `check_gradient_memory`); null when it takes all such memory.
+  void (*check_gradient_memory)(void*, const grad_slot&) = nullptr;
   // `exchange` is an all-reduce over every rank (`static constexpr bool exchange_is_allreduce`):
   // a blocking step of one small bucket may then travel in the step's agreement.
   bool exchange_is_allreduce = false;

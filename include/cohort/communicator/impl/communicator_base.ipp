@@ -5,7 +5,9 @@
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
 #include <cohort/communicator/communicator_base.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
 #include <cohort/detail/fingerprint.hpp>
+#include <cohort/trace/recorder.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -18,6 +20,16 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
 COHORT_DECL communicator_base::~communicator_base() = default;
+
+COHORT_DECL std::filesystem::path communicator_base::trace_file() const {
+  return traced() ? checks_.trace_file()->file() : std::filesystem::path();
+}
+
+COHORT_DECL void communicator_base::set_trace_recording(bool on) const noexcept {
+  if (checks_.trace_file() != nullptr) {
+    checks_.trace_file()->set_recording(on);
+  }
+}
 
 COHORT_DECL void communicator_base::barrier() const {
   detail::operation_scope scope("barrier");

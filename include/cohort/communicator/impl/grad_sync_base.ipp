@@ -4,6 +4,9 @@
 // What grad_sync_base.hpp declares and does not define inline: in every translation unit by
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
+#include <cohort/communicator/engine/grad_sync.hpp>
+#include <cohort/communicator/engine/grad_sync_queue.hpp>
+#include <cohort/communicator/engine/slots.hpp>
 #include <cohort/communicator/grad_sync_base.hpp>
 #include <cohort/detail/operation.hpp>
 #include <cohort/error.hpp>
@@ -140,6 +143,122 @@ COHORT_DECL void grad_sync_base::restore_bucket_orders(std::vector<bucket_order>
 
 COHORT_DECL void grad_sync_base::finish_overlap() noexcept {
   abandon_grad_sync("its communicator was destroyed");
+}
+
+COHORT_DECL void grad_sync_base::reduce_set_now(gradient_reader read, const void* set,
+                                                const engine::strategy_ref& strategy,
+                                                const reduction_table& table,
+                                                grad_sync_options options) {
+  detail::operation_scope scope("allreduce_grad");
+  engine::grad_sync* lane = nullptr;
+  {
+    const std::lock_guard lock(syncs_->mutex());
+    syncs_->require_no_pending(checks(), "allreduce_grad", nullptr);
+    lane = &syncs_->lane_for(checks(), nullptr);
+  }
+  read(set, options.missing, lane->slots(), lane->names());
+  lane->reduce_blocking(checks(), strategy, table.scattered_to(options.owners, rank()),
+                        options.missing, local_problem(*lane, strategy, options.owners));
+}
+
+COHORT_DECL void grad_sync_base::start_set(const parameter_source& params,
+                                           const engine::strategy_ref& strategy,
+                                           const reduction_table& table, grad_sync_options options,
+                                           const void* owner) {
+  const std::lock_guard lock(syncs_->mutex());
+  start_locked(params, strategy, table, options, owner);
+}
+
+COHORT_DECL void grad_sync_base::start_views(std::span<const grad_slot> slots,
+                                             const engine::strategy_ref& strategy,
+                                             const reduction_table& table, const void* owner) {
+  detail::operation_scope scope("allreduce_grad");
+  const std::lock_guard lock(syncs_->mutex());
+  require_overlap_possible(owner);
+  engine::grad_sync& lane = syncs_->lane_for(checks(), owner);
+  lane.slots().assign(slots.begin(), slots.end());
+  syncs_->begin(lane, checks(), strategy, table, missing_grad::report, owner,
+                local_problem(lane, strategy));
+}
+
+COHORT_DECL void grad_sync_base::mark_ready_in(const parameter_source& params, std::size_t index) {
+  const std::lock_guard lock(syncs_->mutex());
+  reread_and_mark(pending_lane("grad_ready", nullptr), params, index);
+}
+
+COHORT_DECL bool grad_sync_base::mark_ready_if_pending(const void* owner,
+                                                       const parameter_source& params,
+                                                       std::size_t index) {
+  const std::lock_guard lock(syncs_->mutex());
+  engine::grad_sync* lane = syncs_->pending_lane(owner);
+  if (lane == nullptr) {
+    return false;
+  }
+  reread_and_mark(*lane, params, index);
+  return true;
+}
+
+COHORT_DECL void grad_sync_base::mark_ready_for(const void* owner, const parameter_source& params,
+                                                const engine::strategy_ref& strategy,
+                                                const reduction_table& table,
+                                                grad_sync_options options, std::size_t index) {
+  const std::lock_guard lock(syncs_->mutex());
+  engine::grad_sync* lane = syncs_->pending_lane(owner);
+  if (lane == nullptr) {
+    lane = &start_locked(params, strategy, table, options, owner);
+  }
+  reread_and_mark(*lane, params, index);
+}
+
+COHORT_DECL void grad_sync_base::validate_views(std::span<const grad_slot> slots,
+                                                const reduction_table& table,
+                                                missing_grad missing) {
+  detail::operation_scope scope("allreduce_grad");
+  engine::grad_sync* lane = nullptr;
+  {
+    const std::lock_guard lock(syncs_->mutex());
+    lane = &syncs_->lane_for(checks(), nullptr);
+  }
+  lane->validate_copies(checks(), slots, table, missing);
+}
+
+COHORT_DECL engine::grad_sync& grad_sync_base::start_locked(const parameter_source& params,
+                                                            const engine::strategy_ref& strategy,
+                                                            const reduction_table& table,
+                                                            grad_sync_options options,
+                                                            const void* owner) {
+  detail::operation_scope scope("allreduce_grad");
+  require_overlap_possible(owner);
+  engine::grad_sync& lane = syncs_->lane_for(checks(), owner);
+  params.collect(options.missing, lane.slots(), lane.names());
+  params.remember(lane.elements());
+  lane.elements_of() = params.address();
+  syncs_->begin(lane, checks(), strategy, table.scattered_to(options.owners, rank()),
+                options.missing, owner, local_problem(lane, strategy, options.owners));
+  return lane;
+}
+
+COHORT_DECL void grad_sync_base::require_overlap_possible(const void* owner) {
+  syncs_->require_overlap_possible(checks(), owner);
+}
+
+COHORT_DECL std::string grad_sync_base::local_problem(const engine::grad_sync& lane,
+                                                      const engine::strategy_ref& strategy,
+                                                      std::span<const int> owners) const {
+  return engine::local_checks([&] {
+    if (!owners.empty()) {
+      engine::check_owners(owners, lane.slots(), rank(), size(), strategy.device());
+    }
+    for (const grad_slot& slot : lane.slots()) {
+      if (slot.state != slot_state::ok || slot.grad.count == 0) {
+        continue;
+      }
+      checks().require_location(slot.grad.location, strategy.device(), "allreduce_grad");
+      if (strategy.check_gradient_memory != nullptr) {
+        strategy.check_gradient_memory(strategy.self, slot);
+      }
+    }
+  });
 }
 
 COHORT_DECL engine::grad_sync& grad_sync_base::pending_lane(std::string_view operation,

@@ -4,9 +4,17 @@
 // What checks.hpp declares and does not define inline: in every translation unit by default,
 // compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
+#include <cohort/communicator/engine/agreement.hpp>
 #include <cohort/communicator/engine/checks.hpp>
+#include <cohort/communicator/engine/liveness.hpp>
+#include <cohort/communicator/topology.hpp>
+#include <cohort/detail/fingerprint.hpp>
+#include <cohort/detail/watchdog.hpp>
+#include <cohort/trace/recorder.hpp>
+#include <cohort/trace/span.hpp>
 
 #include <boost/core/demangle.hpp>
+#include <boost/mpi/environment.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -29,7 +37,70 @@ COHORT_DECL checks::checks(const boost::mpi::communicator& comm,
                            const communicator_options& options)
     : options_(with_waits(options, waits_problem_))
     , live_((require_mpi(),
-             std::make_unique<liveness>(comm, *options_.timeout, *options_.stall_warning))) {}
+             std::make_unique<liveness>(comm, *options_.timeout, *options_.stall_warning)))
+    , rank_(live_->rank())
+    , size_(live_->size()) {}
+
+COHORT_DECL checks::checks(checks&&) noexcept = default;
+COHORT_DECL checks& checks::operator=(checks&&) noexcept = default;
+
+COHORT_DECL trace_recorder* checks::trace() const noexcept {
+  return trace_ && trace_->recording() ? trace_.get() : nullptr;
+}
+
+COHORT_DECL detail::watch_scope checks::watch_transfer(const char* operation, std::size_t bytes,
+                                                       waiter who) const noexcept {
+  return detail::watch_scope(live_->slot(who), operation, live_->sequence(who), bytes,
+                             options_.check_agreement);
+}
+
+COHORT_DECL detail::watch_scope checks::watch_point_to_point(const char* operation,
+                                                             std::size_t bytes) const noexcept {
+  return detail::watch_scope(live_->slot(waiter::caller), operation,
+                             live_->sequence(waiter::caller), bytes, false);
+}
+
+COHORT_DECL void checks::settle_at(waiter who, bool agree, const char* operation,
+                                   std::uint64_t hash, const describe_fn& describe,
+                                   const std::string& problem, std::size_t bytes) const {
+  const std::uint64_t sequence = live_->next_sequence(who, bytes);
+  if (agree) {
+    agree_on_problems(who, operation, sequence, hash, describe, problem);
+  }
+  if (!problem.empty()) {
+    throw invalid_argument(problem);
+  }
+}
+
+COHORT_DECL void checks::agree_on_problems(waiter who, const char* operation,
+                                           std::uint64_t sequence, std::uint64_t hash,
+                                           const describe_fn& describe,
+                                           const std::string& problem) const {
+  detail::fingerprint f;
+  f.add(hash).add(static_cast<std::uint64_t>(problem.empty() ? 0 : 1));
+  // (`who` names the rendezvous, not the thread: the end of an overlapped step settles at
+  // the reducer's on the trainer's thread)
+  trace_recorder* const trace = this->trace();
+  const trace_span span(trace, "agreement",
+                        trace != nullptr ? this_trace_thread() : trace_thread::trainer, 0, -1,
+                        operation);
+  engine::require_agreement(*live_, who, operation, sequence, f.value(), [&] {
+    if (!problem.empty()) {
+      return std::vector<engine::signature_entry>{{"the call", "failed (" + problem + ")"}};
+    }
+    if (describe) {
+      return describe();
+    }
+    return std::vector<engine::signature_entry>{{"the call", "good arguments"}};
+  });
+}
+
+COHORT_DECL void checks::end_job_after_failure(const char* operation,
+                                               const std::exception& e) const {
+  detail::end_job("cohort: rank " + std::to_string(rank()) + ": " + operation +
+                  " failed inside its exchange, after the ranks agreed to run it (" + e.what() +
+                  "); the other ranks cannot finish its collectives; ending the job");
+}
 
 COHORT_DECL communicator_options checks::with_waits(communicator_options options,
                                                     std::string& problem) {

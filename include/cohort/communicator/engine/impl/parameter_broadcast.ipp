@@ -5,6 +5,8 @@
 // default, compiled once where <cohort/src.hpp> is included with COHORT_SEPARATE_COMPILATION.
 
 #include <cohort/communicator/engine/parameter_broadcast.hpp>
+#include <cohort/detail/fingerprint.hpp>
+#include <cohort/kernels/host.hpp>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
