@@ -168,7 +168,7 @@ private:
   //! grad_ready_for, once a reduction is pending for `owner`: marks parameter `index` ready and
   //! returns true; false, marking nothing, when none is pending yet.
   bool mark_ready_if_pending(const void* owner, const parameter_source& params, std::size_t index);
-  //! grad_ready_for's first call of a step: begins `owner`'s reduction (start_set) unless
+  //! grad_ready_for's first call of a step: begins `owner`'s reduction (as start_set does) unless
   //! another thread just did, and marks parameter `index` ready.
   void mark_ready_for(const void* owner, const parameter_source& params,
                       const engine::strategy_ref& strategy, const reduction_table& table,
