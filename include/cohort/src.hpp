@@ -13,6 +13,7 @@
 #include <cohort/algorithm/impl/ring.ipp>
 #include <cohort/algorithm/impl/window_allreduce.ipp>
 #include <cohort/communicator/engine/impl/agreement.ipp>
+#include <cohort/communicator/engine/impl/argument_checks.ipp>
 #include <cohort/communicator/engine/impl/bucket_plan.ipp>
 #include <cohort/communicator/engine/impl/bucketed_reduction.ipp>
 #include <cohort/communicator/engine/impl/checks.ipp>

@@ -2,12 +2,13 @@
 #pragma once
 
 // The checks every cohort call runs before anything moves, in one place: this rank's own
-// argument checks, turned into a problem the ranks agree on instead of an exception that would
-// leave the others waiting; the agreement itself (which is also the rendezvous that notices a
-// rank gone or stuck, see liveness.hpp); the watch over the blocking transfer that follows; and
-// what happens when a transfer fails after the ranks agreed to run it. Not a template: compiled
-// once whatever the strategy.
+// argument checks (argument_checks.hpp), turned into a problem the ranks agree on instead of an
+// exception that would leave the others waiting; the agreement itself (which is also the rendezvous
+// that notices a rank gone or stuck, see liveness.hpp); the watch over the blocking transfer that
+// follows; and what happens when a transfer fails after the ranks agreed to run it. Not a template:
+// compiled once whatever the strategy.
 
+#include <cohort/communicator/engine/argument_checks.hpp>
 #include <cohort/communicator/engine/signature.hpp>
 #include <cohort/communicator/engine/waiter.hpp>
 #include <cohort/communicator/options.hpp>
@@ -16,7 +17,6 @@
 #include <cohort/error.hpp>
 #include <cohort/reduce_op.hpp>
 #include <cohort/tensor/dtype.hpp>
-#include <cohort/tensor/location.hpp>
 #include <cohort/tensor/tensor_view.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -30,8 +30,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
@@ -64,7 +62,7 @@ std::string local_checks(Checks&& checks) {
 //! with COHORT_SEPARATE_COMPILATION, where those are compiled once (impl/checks.ipp), a trainer's
 //! translation unit does not parse the liveness, the agreement, the watchdog, the control
 //! channel or the trace recorder. (Header-only, impl/checks.ipp brings them all.)
-class checks {
+class checks : public argument_checks {
 public:
   checks(const boost::mpi::communicator& comm, const communicator_options& options);
   ~checks();
@@ -73,8 +71,6 @@ public:
 
   liveness& live() const noexcept { return *live_; }
   const communicator_options& options() const noexcept { return options_; }
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
 
   //! The end of every front door: the ranks compare `hash` and whether each found a problem; a
   //! mismatch throws `mismatch_error` everywhere (`describe()` says what this rank passed), and a
@@ -154,37 +150,6 @@ public:
     }
   }
 
-  void check_root(int root, std::string_view operation) const {
-    check_rank(root, "root", operation);
-  }
-  void check_peer(int peer, std::string_view operation) const {
-    check_rank(peer, "peer", operation);
-  }
-  void check_rank(int r, std::string_view role, std::string_view operation) const;
-
-  //! `block` holds n elements and `whole` size() * n, of the same dtype.
-  void check_blocks(const_tensor_view block, const_tensor_view whole,
-                    std::string_view operation) const;
-
-  //! `counts` has one count per rank, `block` counts[rank()] elements and `whole` their sum, of
-  //! the same dtype. Returns the offsets: where each rank's block begins in `whole`.
-  std::vector<std::size_t> check_counted_blocks(const_tensor_view block, const_tensor_view whole,
-                                                std::span<const std::size_t> counts,
-                                                std::string_view operation) const;
-  //! `check_counted_blocks`, within what one MPI call takes (int counts and offsets). Returns the
-  //! counts and the offsets as MPI takes them.
-  std::pair<std::vector<int>, std::vector<int>>
-  check_variable_blocks(const_tensor_view block, const_tensor_view whole,
-                        std::span<const std::size_t> counts, std::string_view operation) const;
-
-  //! Throws unless `in` and `out` have one dtype and one count, a multiple of the ranks (alltoall).
-  void check_exchange(const_tensor_view in, const_tensor_view out,
-                      std::string_view operation) const;
-
-  //! Refuses device memory (`device == false`) or host memory (`device == true`), naming the
-  //! strategies that take it.
-  void require_location(memory_location location, bool device, std::string_view operation) const;
-
 private:
   template <class Describe>
   static describe_fn describe_ref(Describe& describe) {
@@ -215,8 +180,6 @@ private:
   communicator_options options_; // timeout and stall_warning always set
   std::unique_ptr<liveness> live_;
   std::unique_ptr<trace_recorder> trace_;
-  int rank_ = 0;
-  int size_ = 1;
 };
 
 } // namespace engine
