@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // any_communicator: every name builds its strategy, which reduces as the strategy itself does,
-// through the same concept; an unknown name lists the known ones.
+// through the same concept; an unknown name lists the known ones. (That it forwards every member
+// of the front door is any_communicator_api.py's test.)
 #define BOOST_TEST_MODULE communicator.any_communicator
 #include <cohort/cohort.hpp>
 
@@ -28,6 +29,8 @@ BOOST_AUTO_TEST_CASE(every_name_reduces_as_its_strategy) {
     BOOST_TEST(comm.name() == name);
     BOOST_TEST(comm.size() == oracle.size());
     BOOST_TEST(comm.rank() == oracle.rank());
+    BOOST_TEST(comm.intra_comm().size() == oracle.intra_comm().size());
+    BOOST_TEST(comm.inter_comm().rank() == oracle.inter_comm().rank());
     cohort::test::model<float> m(comm.size(), comm.rank());
     cohort::test::model<float> reference(comm.size(), comm.rank());
     comm.allreduce_grad(m.params, cohort::sum{});
@@ -53,6 +56,15 @@ BOOST_AUTO_TEST_CASE(every_name_reduces_as_its_strategy) {
     comm.allreduce_grad(blocking.params, cohort::mean{});
     for (std::size_t t = 0; t < viewed.grads.size(); ++t) {
       BOOST_TEST_REQUIRE(viewed.grads[t] == blocking.grads[t], boost::test_tools::per_element());
+    }
+    // A set started on behalf of an owner (an optimizer's), through the variant.
+    cohort::test::model<float> owned(comm.size(), comm.rank());
+    comm.start_grad_sync(owned.params, cohort::mean{}, {}, &viewed);
+    BOOST_TEST(comm.grad_sync_pending_for(&viewed));
+    comm.mark_all_ready(&viewed);
+    comm.wait_grad_sync(cohort::step_end::update, {}, &viewed);
+    for (std::size_t t = 0; t < owned.grads.size(); ++t) {
+      BOOST_TEST_REQUIRE(owned.grads[t] == blocking.grads[t], boost::test_tools::per_element());
     }
     // Each value from its own root, through the variant.
     std::vector<float> mine(3, static_cast<float>(comm.rank()));

@@ -136,6 +136,12 @@ public:
   const boost::mpi::communicator& mpi_comm() const noexcept {
     return read([](const auto& c) -> const boost::mpi::communicator& { return c.mpi_comm(); });
   }
+  const boost::mpi::communicator& intra_comm() const noexcept {
+    return read([](const auto& c) -> const boost::mpi::communicator& { return c.intra_comm(); });
+  }
+  const boost::mpi::communicator& inter_comm() const noexcept {
+    return read([](const auto& c) -> const boost::mpi::communicator& { return c.inter_comm(); });
+  }
   const communicator_options& options() const noexcept {
     return read([](const auto& c) -> const communicator_options& { return c.options(); });
   }
@@ -286,8 +292,9 @@ public:
   }
   template <parameter_set Params, reducer Reducer>
   requires overlapping void start_grad_sync(Params& params, const Reducer& reducer,
-                                            grad_sync_options options = {}) {
-    call([&](auto& c) { c.start_grad_sync(params, reducer, options); });
+                                            grad_sync_options options = {},
+                                            const void* owner = nullptr) {
+    call([&](auto& c) { c.start_grad_sync(params, reducer, options, owner); });
   }
   template <reducer Reducer>
   requires overlapping void start_grad_sync(std::span<const grad_slot> slots,
