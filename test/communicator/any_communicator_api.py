@@ -36,11 +36,14 @@ def syntax_tree(clang, flags):
     with tempfile.TemporaryDirectory() as work:
         source = Path(work) / "api.cpp"
         source.write_text("#include <cohort/communicator/any_communicator.hpp>\n")
-        out = subprocess.run(
+        run = subprocess.run(
             [clang, "-std=c++20", "-fsyntax-only", "-DCOHORT_SEPARATE_COMPILATION", *flags,
              "-Xclang", "-ast-dump=json", "-Xclang", "-ast-dump-filter", "-Xclang", "cohort::",
              str(source)],
-            check=True, capture_output=True, text=True).stdout
+            capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"{clang} could not read the front door (exit {run.returncode}):\n{run.stderr}")
+    out = run.stdout
     decoder = json.JSONDecoder()
     at, tops = 0, []
     while True:
