@@ -64,8 +64,8 @@ public:
   void require_location(memory_location location, bool device, std::string_view operation) const;
 
 private:
-  int rank_ = 0;
-  int size_ = 1;
+  int rank_;
+  int size_;
 };
 
 } // namespace engine

@@ -33,7 +33,9 @@ namespace engine {
 
 COHORT_DECL checks::checks(const boost::mpi::communicator& comm,
                            const communicator_options& options)
-    : argument_checks((require_mpi(), comm.rank()), comm.size())
+    // Braces: their elements are evaluated in order, so that MPI is known to run before the
+    // rank and the size are asked of it (a call's arguments may be evaluated in any order).
+    : argument_checks{(require_mpi(), comm.rank()), comm.size()}
     , options_(with_waits(options, waits_problem_))
     , live_(std::make_unique<liveness>(comm, *options_.timeout, *options_.stall_warning)) {}
 
