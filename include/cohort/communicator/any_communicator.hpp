@@ -44,6 +44,13 @@ template <class Strategy, class Stream>
 concept takes_stream = requires(Strategy& s, Stream stream) {
   s.set_stream(stream);
 };
+// A strategy that owns an NCCL communicator, which it can create early, finalize and abort.
+template <class Strategy>
+concept owns_nccl_communicator = requires(Strategy& s) {
+  s.connect();
+  s.finalize();
+  s.abort();
+};
 } // namespace detail
 
 //! A strategy chosen at run time, by name (a flag, a config file): one `std::variant` of the
@@ -107,6 +114,32 @@ public:
   template <class Stream>
   requires(detail::takes_stream<Strategies, Stream>&&...) void set_stream(Stream stream) noexcept {
     call([&](auto& c) { c.set_stream(stream); });
+  }
+
+  //! The NCCL communicator's life, where some strategy inside has one (see
+  //! nccl_strategy::connect, finalize and abort); a strategy without one (host_staged,
+  //! cuda_aware_flat) has nothing to create or end, and these do nothing for it. What else only
+  //! some strategies have (`synchronize()`, `gpu()`) is reached through `variant()`.
+  void connect() requires(detail::owns_nccl_communicator<Strategies> || ...) {
+    call([](auto& c) {
+      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
+        c.connect();
+      }
+    });
+  }
+  void finalize() requires(detail::owns_nccl_communicator<Strategies> || ...) {
+    call([](auto& c) {
+      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
+        c.finalize();
+      }
+    });
+  }
+  void abort() noexcept requires(detail::owns_nccl_communicator<Strategies> || ...) {
+    call([](auto& c) {
+      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
+        c.abort();
+      }
+    });
   }
 
   variant_type& variant() noexcept { return strategy_; }
