@@ -9,8 +9,9 @@ from the syntax tree), and the public members of the host strategies that any_co
 not with `any_communicator`. This test reads both from clang's syntax tree of
 <cohort/communicator/any_communicator.hpp> and fails naming every public member function that
 the front door has and basic_any_communicator lacks, compared by name, parameter types (the
-function's template parameters by position) and how many parameters have a default, each
-overload counted. Not read: the GPU strategies (any_gpu_communicator), which need nvcc.
+function's template parameters by position), how many parameters have a default and whether it
+is const, each overload counted. Not read: the GPU strategies (any_gpu_communicator), which
+need nvcc.
 
   any_communicator_api.py CLANG [COMPILER FLAGS...]
 """
@@ -81,6 +82,19 @@ def unqualified(type_name):
     return re.sub(r"^(\w+::)*", "", type_name.split("<", 1)[0].strip())
 
 
+def template_arguments(type_name):
+    """`a<b, c<d, e>, f>` -> [`b`, `c<d, e>`, `f`]: the top-level arguments, split by depth."""
+    arguments, depth, current = [], 0, ""
+    for char in type_name[type_name.index("<") + 1:type_name.rindex(">")]:
+        depth += (char == "<") - (char == ">")
+        if char == "," and depth == 0:
+            arguments.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return arguments + [current.strip()]
+
+
 def with_bases(classes, name):
     """`name` and its public bases, transitively, in the order met."""
     found, todo = [], [name]
@@ -96,19 +110,23 @@ def with_bases(classes, name):
 
 
 def signature(method, template):
-    """(name, parameter types, how many have a default): the parameter types without namespaces,
-    and the function's own template parameters by position, so that `Params&` in one class and
-    `Params&` in another compare by what they are, not how they are spelled."""
-    names = [d["name"] for d in (template or {}).get("inner", [])
-             if d["kind"] in ("TemplateTypeParmDecl", "NonTypeTemplateParmDecl") and "name" in d]
+    """(name, parameter types, how many have a default, const or not): the parameter types
+    without namespaces, and the function's own template parameters by position, so that
+    `Params&` in one class and `P&` in another compare by what they are, not how they are
+    spelled."""
+    names = [d.get("name") for d in (template or {}).get("inner", [])
+             if d["kind"].endswith("TemplateParmDecl")]
     types, defaults = [], 0
     for parameter in (d for d in method.get("inner", []) if d["kind"] == "ParmVarDecl"):
         text = parameter["type"]["qualType"]
         for position, name in enumerate(names):
+            if name is None:
+                continue
             text = re.sub(rf"\b{re.escape(name)}\b", f"<T{position}>", text)
         types.append(" ".join(re.sub(r"\b\w+::", "", text).split()))
         defaults += "init" in parameter
-    return method["name"], tuple(types), defaults
+    const = re.search(r"\)\s*const\b[^)]*$", method["type"]["qualType"]) is not None
+    return method["name"], tuple(types), defaults, const
 
 
 def public_members(record):
@@ -126,15 +144,17 @@ def public_members(record):
         if decl["kind"] == "FunctionTemplateDecl":
             method = next((d for d in decl["inner"] if d["kind"] == "CXXMethodDecl"), None)
             template = decl
-        if method is None or method["kind"] != "CXXMethodDecl" or method["name"].startswith("operator"):
+        if (method is None or method["kind"] != "CXXMethodDecl"
+                or re.match(r"operator\b", method["name"])):
             continue
         members[signature(method, template)] += 1
     return members
 
 
 def describe(member):
-    name, types, defaults = member
-    return f"{name}({', '.join(types)}) with {defaults} default argument(s)"
+    name, types, defaults, const = member
+    return (f"{name}({', '.join(types)}){' const' if const else ''} with {defaults} default "
+            "argument(s)")
 
 
 def main():
@@ -149,8 +169,8 @@ def main():
         print(f"{HOST_ALIAS} or {RUN_TIME} not found in the syntax tree")
         return 1
     alias = aliases[HOST_ALIAS]["type"]
-    alias = alias.get("desugaredQualType", alias["qualType"])
-    strategies = [unqualified(s) for s in re.findall(r"[\w:]+(?=<>|[,>])", alias.split("<", 1)[1])]
+    strategies = [unqualified(s)
+                  for s in template_arguments(alias.get("desugaredQualType", alias["qualType"]))]
     front_door = with_bases(classes, FRONT_DOOR)
     missing_classes = [c for c in strategies + [FRONT_DOOR] if c not in classes]
     if missing_classes:

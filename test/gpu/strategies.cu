@@ -198,7 +198,7 @@ BOOST_AUTO_TEST_CASE(any_gpu_communicator_by_name) {
     comm.finalize();
   }
   {
-    cohort::any_gpu_communicator comm("single_node");
+    cohort::any_gpu_communicator comm("pure_nccl");
     comm.connect();
     comm.abort();
   }

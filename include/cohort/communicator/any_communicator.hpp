@@ -39,20 +39,6 @@
 namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 
-namespace detail {
-template <class Strategy, class Stream>
-concept takes_stream = requires(Strategy& s, Stream stream) {
-  s.set_stream(stream);
-};
-// A strategy that owns an NCCL communicator, which it can create early, finalize and abort.
-template <class Strategy>
-concept owns_nccl_communicator = requires(Strategy& s) {
-  s.connect();
-  s.finalize();
-  s.abort();
-};
-} // namespace detail
-
 //! A strategy chosen at run time, by name (a flag, a config file): one `std::variant` of the
 //! strategies, each call one dispatch on it and then the strategy's own code. Models the same
 //! `communicator` concept, so `distributed_optimizer` and the rest take it as they take a strategy
@@ -121,25 +107,13 @@ public:
   //! cuda_aware_flat) has nothing to create or end, and these do nothing for it. What else only
   //! some strategies have (`synchronize()`, `gpu()`) is reached through `variant()`.
   void connect() requires(detail::owns_nccl_communicator<Strategies> || ...) {
-    call([](auto& c) {
-      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
-        c.connect();
-      }
-    });
+    on_nccl([](auto& c) { c.connect(); });
   }
   void finalize() requires(detail::owns_nccl_communicator<Strategies> || ...) {
-    call([](auto& c) {
-      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
-        c.finalize();
-      }
-    });
+    on_nccl([](auto& c) { c.finalize(); });
   }
   void abort() noexcept requires(detail::owns_nccl_communicator<Strategies> || ...) {
-    call([](auto& c) {
-      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
-        c.abort();
-      }
-    });
+    on_nccl([](auto& c) { c.abort(); });
   }
 
   variant_type& variant() noexcept { return strategy_; }
@@ -442,6 +416,15 @@ private:
     }
   }
 
+  // f(strategy) for a strategy that owns an NCCL communicator; nothing for one that does not.
+  template <class F>
+  void on_nccl(F f) {
+    call([&](auto& c) {
+      if constexpr (detail::owns_nccl_communicator<std::remove_cvref_t<decltype(c)>>) {
+        f(c);
+      }
+    });
+  }
   template <class F>
   decltype(auto) call(F&& f) {
     return std::visit(std::forward<F>(f), strategy_);

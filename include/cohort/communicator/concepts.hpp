@@ -25,6 +25,19 @@ struct reducer_archetype {
   grad_reduction plan(dtype type, int) const { return {type}; }
 };
 using parameters_archetype = std::vector<parameter_ref<std::vector<float>>>;
+
+// A strategy that takes the trainer's stream (`set_stream`: the GPU ones).
+template <class Strategy, class Stream>
+concept takes_stream = requires(Strategy& s, Stream stream) {
+  s.set_stream(stream);
+};
+// A strategy that owns an NCCL communicator, which it can create early, finalize and abort.
+template <class Strategy>
+concept owns_nccl_communicator = requires(Strategy& s) {
+  s.connect();
+  s.finalize();
+  s.abort();
+};
 } // namespace detail
 
 //! A gradient-synchronisation strategy: topology, tensor and object collectives, and the
