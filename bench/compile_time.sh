@@ -58,21 +58,11 @@ int main(int argc, char** argv) {
 }
 EOF
 # The same trainer, including only the headers it uses instead of the umbrella.
-cat >"$work/cohort_lean.cpp" <<'EOF'
-#include <cohort/communicator/flat.hpp>
-#include <cohort/reducer/mean.hpp>
-#include <cohort/tensor/std.hpp>
-#include <boost/mpi/environment.hpp>
-#include <vector>
-int main(int argc, char** argv) {
-  boost::mpi::environment env{argc, argv};
-  auto comm = cohort::make_communicator<cohort::flat>();
-  std::vector<float> w(1000, 1.0f), g(1000, 1.0f);
-  std::vector<cohort::parameter_ref<std::vector<float>>> params{{"w", &w, &g}};
-  comm.allreduce_grad(params, cohort::mean{});
-  return g[0] > 0 ? 0 : 1;
-}
-EOF
+{
+  printf '#include <%s>\n' cohort/communicator/flat.hpp cohort/reducer/mean.hpp cohort/tensor/std.hpp \
+    boost/mpi/environment.hpp
+  tail -n +2 "$work/cohort.cpp"
+} >"$work/cohort_lean.cpp"
 cat >"$work/src.cpp" <<'EOF'
 #include <cohort/src.hpp>
 EOF
