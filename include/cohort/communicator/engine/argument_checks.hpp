@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -64,6 +65,12 @@ public:
   void require_location(memory_location location, bool device, std::string_view operation) const;
 
 private:
+  // "cohort: <operation> on rank <rank>: ", the start of every message.
+  std::string where(std::string_view operation) const;
+  // Throws unless `block` and `whole` have one dtype.
+  void require_one_dtype(const_tensor_view block, const_tensor_view whole,
+                         const std::string& where) const;
+
   int rank_;
   int size_;
 };

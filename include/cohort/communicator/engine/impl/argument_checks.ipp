@@ -16,31 +16,38 @@ namespace cohort {
 inline namespace COHORT_ABI_NAMESPACE {
 namespace engine {
 
+COHORT_DECL std::string argument_checks::where(std::string_view operation) const {
+  return "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": ";
+}
+
+COHORT_DECL void argument_checks::require_one_dtype(const_tensor_view block,
+                                                    const_tensor_view whole,
+                                                    const std::string& where) const {
+  if (block.type != whole.type) {
+    throw invalid_argument(where + "the per-rank tensor is " + std::string(to_string(block.type)) +
+                           " but the " + std::to_string(size()) + "-rank tensor is " +
+                           std::string(to_string(whole.type)));
+  }
+}
+
 COHORT_DECL void argument_checks::check_rank(int r, std::string_view role,
                                              std::string_view operation) const {
   if (r < 0 || r >= size()) {
-    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                           std::to_string(rank()) + ": " + std::string(role) + " " +
-                           std::to_string(r) + " is not a rank of this " + std::to_string(size()) +
+    throw invalid_argument(where(operation) + std::string(role) + " " + std::to_string(r) +
+                           " is not a rank of this " + std::to_string(size()) +
                            "-rank communicator");
   }
 }
 
 COHORT_DECL void argument_checks::check_blocks(const_tensor_view block, const_tensor_view whole,
                                                std::string_view operation) const {
+  require_one_dtype(block, whole, where(operation));
   const std::size_t expected = block.count * static_cast<std::size_t>(size());
-  if (block.type != whole.type) {
-    throw invalid_argument(
-        "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
-        ": the per-rank tensor is " + std::string(to_string(block.type)) + " but the " +
-        std::to_string(size()) + "-rank tensor is " + std::string(to_string(whole.type)));
-  }
   if (whole.count != expected) {
     throw invalid_argument(
-        "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
-        ": the per-rank tensor has " + std::to_string(block.count) + " elements, so the " +
-        std::to_string(size()) + "-rank tensor needs " + std::to_string(expected) +
-        ", but it has " + std::to_string(whole.count));
+        where(operation) + "the per-rank tensor has " + std::to_string(block.count) +
+        " elements, so the " + std::to_string(size()) + "-rank tensor needs " +
+        std::to_string(expected) + ", but it has " + std::to_string(whole.count));
   }
 }
 
@@ -51,33 +58,24 @@ argument_checks::check_variable_blocks(const_tensor_view block, const_tensor_vie
   const std::vector<std::size_t> offsets = check_counted_blocks(block, whole, counts, operation);
   if (whole.count > static_cast<std::size_t>(INT_MAX)) {
     throw invalid_argument(
-        "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) +
-        ": the counts add up to " + std::to_string(whole.count) +
+        where(operation) + "the counts add up to " + std::to_string(whole.count) +
         " elements, more than one MPI call takes (INT_MAX, " + std::to_string(INT_MAX) + ")");
   }
-  std::pair<std::vector<int>, std::vector<int>> mpi_counts;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    mpi_counts.first.push_back(static_cast<int>(counts[r]));
-    mpi_counts.second.push_back(static_cast<int>(offsets[r]));
-  }
-  return mpi_counts;
+  // Every count and offset is at most whole.count, so each fits an int.
+  return {std::vector<int>(counts.begin(), counts.end()),
+          std::vector<int>(offsets.begin(), offsets.end())};
 }
 
 COHORT_DECL std::vector<std::size_t>
 argument_checks::check_counted_blocks(const_tensor_view block, const_tensor_view whole,
                                       std::span<const std::size_t> counts,
                                       std::string_view operation) const {
-  const std::string where =
-      "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": ";
+  const std::string where = this->where(operation);
   if (counts.size() != static_cast<std::size_t>(size())) {
     throw invalid_argument(where + "the counts have " + std::to_string(counts.size()) +
                            " entries, not one per rank (" + std::to_string(size()) + ")");
   }
-  if (block.type != whole.type) {
-    throw invalid_argument(where + "the per-rank tensor is " + std::string(to_string(block.type)) +
-                           " but the " + std::to_string(size()) + "-rank tensor is " +
-                           std::string(to_string(whole.type)));
-  }
+  require_one_dtype(block, whole, where);
   std::vector<std::size_t> offsets;
   offsets.reserve(counts.size());
   std::size_t total = 0;
@@ -105,8 +103,7 @@ argument_checks::check_counted_blocks(const_tensor_view block, const_tensor_view
 
 COHORT_DECL void argument_checks::check_exchange(const_tensor_view in, const_tensor_view out,
                                                  std::string_view operation) const {
-  const std::string where =
-      "cohort: " + std::string(operation) + " on rank " + std::to_string(rank()) + ": ";
+  const std::string where = this->where(operation);
   if (in.type != out.type) {
     throw invalid_argument(where + "the input is " + std::string(to_string(in.type)) +
                            " but the output is " + std::string(to_string(out.type)));
@@ -125,16 +122,14 @@ COHORT_DECL void argument_checks::check_exchange(const_tensor_view in, const_ten
 COHORT_DECL void argument_checks::require_location(memory_location location, bool device,
                                                    std::string_view operation) const {
   if (device && location == memory_location::host) {
-    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                           std::to_string(rank()) +
-                           ": this strategy reduces GPU memory, and the tensor is in host "
-                           "memory (use flat for host memory)");
+    throw invalid_argument(where(operation) +
+                           "this strategy reduces GPU memory, and the tensor is in host memory "
+                           "(use flat for host memory)");
   }
   if (!device && location == memory_location::device) {
-    throw invalid_argument("cohort: " + std::string(operation) + " on rank " +
-                           std::to_string(rank()) +
-                           ": this strategy reduces host memory only, and the tensor is in "
-                           "device memory (use pure_nccl or host_staged)");
+    throw invalid_argument(where(operation) +
+                           "this strategy reduces host memory only, and the tensor is in device "
+                           "memory (use pure_nccl or host_staged)");
   }
 }
 
